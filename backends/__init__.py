@@ -1,0 +1,1 @@
+"""Built-in storage backends, registered through ``hicache_storage.backends`` entry points."""

@@ -1,0 +1,701 @@
+"""The file backend: one file per key under a directory, published atomically.
+
+Layout
+    ``root/ab/cd/<key>`` where ``abcd`` are the first four hex digits of ``blake2b(key)`` (with
+    ``fanout``), or ``root/<key>``. Keys obey the key rule (no separators, no leading dot), so a
+    key always names a plain file inside its directory, and names starting with a dot are free
+    for temporary files and for the raw baseline's ``.raw-baseline`` directory.
+
+Writes
+    A value is written to ``.<key>.tmp.<pid>.<random>`` in the key's directory, optionally
+    fsynced, then published with ``link(tmp, key)``, which fails if the key exists: the first
+    complete value wins and a reader can never see a partial object. A writer killed half way
+    leaves only a temporary file, which the startup scan of a later instance removes once it is
+    older than ``stale_temp_s``. On filesystems without hard links, ``rename`` is used when the
+    key is absent.
+
+Reads
+    ``open`` + ``fstat`` + ``preadv`` straight into the caller's buffer (or the host pool's page
+    buffers for the v1 calls): the size is checked before any byte is read.
+
+Capacity
+    The objects this instance owns are indexed with their sizes in an :class:`LRUCapacity`, which
+    evicts the least recently used ones when ``max_bytes`` is set. The bound is per instance:
+    ranks sharing a directory should use ``ownership="rank"`` and give each rank its share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import re
+import secrets
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from typing_extensions import Buffer
+
+from hicache_storage.backend import StorageBackend
+from hicache_storage.buffers import as_readable, as_writable
+from hicache_storage.capabilities import Capabilities
+from hicache_storage.config import Deployment
+from hicache_storage.errors import (
+    BackendClosedError,
+    BackendIOError,
+    BufferSizeError,
+    InvalidKeyError,
+)
+from hicache_storage.keys.validation import validate_key
+
+from .config import FileConfig
+from .evictor import LRUCapacity
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["FileBackend"]
+
+logger = logging.getLogger(__name__)
+
+BASELINE_DIR = ".raw-baseline"
+"""Directory under ``root`` reserved for :class:`~.baseline.RawDiskBaseline`; never scanned."""
+
+_TEMP_MARK = ".tmp."
+_WRITE_FLAGS = os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+# Errors of link() that mean "this filesystem cannot hard-link", not "this write failed".
+_NO_LINK = frozenset(
+    code
+    for code in (
+        errno.EPERM,
+        getattr(errno, "ENOTSUP", None),
+        getattr(errno, "EOPNOTSUPP", None),
+        errno.EXDEV,
+        getattr(errno, "ENOSYS", None),
+    )
+    if code is not None
+)
+_MISSING = (FileNotFoundError, NotADirectoryError)
+_FANOUT_DIR = re.compile(r"[0-9a-f]{2}")
+_META_LIMIT = 1 << 18
+"""Most entries the metadata cache keeps; the oldest insertion is dropped beyond it."""
+
+
+def _iov_max() -> int:
+    try:
+        value = os.sysconf("SC_IOV_MAX")
+    except (AttributeError, ValueError, OSError):
+        return 1024
+    return value if value > 0 else 1024
+
+
+_IOV_MAX = _iov_max()
+
+
+def _flat(view: memoryview) -> memoryview:
+    """Return ``view`` as a 1-D unsigned-byte view, so that slicing counts bytes."""
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _advance(pending: list[memoryview], index: int, done: int) -> int:
+    """Consume ``done`` bytes from ``pending[index:]``; return the index of the next buffer."""
+    while done and index < len(pending):
+        size = pending[index].nbytes
+        if done >= size:
+            done -= size
+            index += 1
+        else:
+            pending[index] = pending[index][done:]
+            done = 0
+    return index
+
+
+def _write_all(fd: int, views: Sequence[memoryview]) -> None:
+    """Write ``views`` back to back from offset 0, looping over partial writes."""
+    pending = [view for view in views if view.nbytes]
+    pwritev = getattr(os, "pwritev", None)
+    index = offset = 0
+    while index < len(pending):
+        if pwritev is not None:
+            done = pwritev(fd, pending[index : index + _IOV_MAX], offset)
+        else:
+            done = os.write(fd, pending[index])
+        if done <= 0:
+            raise OSError(errno.EIO, "write made no progress")
+        offset += done
+        index = _advance(pending, index, done)
+
+
+def _read_all(fd: int, views: Sequence[memoryview]) -> bool:
+    """Fill ``views`` back to back from offset 0; return False if the file ends first."""
+    pending = [view for view in views if view.nbytes]
+    preadv = getattr(os, "preadv", None)
+    index = offset = 0
+    while index < len(pending):
+        if preadv is not None:
+            done = preadv(fd, pending[index : index + _IOV_MAX], offset)
+        else:
+            chunk = os.pread(fd, pending[index].nbytes, offset)
+            done = len(chunk)
+            pending[index][:done] = chunk
+        if done <= 0:
+            return False
+        offset += done
+        index = _advance(pending, index, done)
+    return True
+
+
+def _read_bytes(fd: int, size: int) -> bytes | None:
+    """Read the ``size`` bytes of a file; return None if it is shorter."""
+    data = os.pread(fd, size, 0)
+    if len(data) == size:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < size:
+        chunk = os.pread(fd, size - got, got)
+        if not chunk:
+            return None
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, _DIR_FLAGS)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _io_error(what: str, exc: OSError) -> BackendIOError:
+    message = f"file backend could not {what}: {exc.strerror or exc}"
+    return BackendIOError(exc.errno, message) if exc.errno is not None else BackendIOError(message)
+
+
+def _is_key(name: str) -> bool:
+    try:
+        validate_key(name)
+    except InvalidKeyError:
+        return False
+    return True
+
+
+def _is_temp(name: str) -> bool:
+    return name.startswith(".") and _TEMP_MARK in name
+
+
+def _owns_everything(key: str) -> bool:
+    return True
+
+
+def _rank_owner(deployment: Deployment) -> Callable[[str], bool]:
+    """Return the ownership test of ``deployment``'s rank (its key scheme's ``owns``)."""
+    scheme_of = getattr(deployment, "key_scheme", None)
+    scheme = scheme_of() if callable(scheme_of) else deployment.rank_suffix()
+    owns: Callable[[str], bool] = scheme.owns
+    return owns
+
+
+class FileBackend(StorageBackend):
+    """Stores each key as one file under ``config.root``; see the module docstring.
+
+    Parameters
+    ----------
+    config
+        The backend's settings.
+    deployment
+        The rank this instance serves; with ``ownership="rank"`` its key scheme decides which
+        keys this instance indexes, evicts and clears. Defaults to a single-rank deployment.
+
+    Raises
+    ------
+    BackendIOError
+        If ``root`` cannot be created or scanned.
+    """
+
+    name = "file"
+
+    def __init__(self, config: FileConfig, deployment: Deployment | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.deployment = deployment if deployment is not None else Deployment()
+        self.root = os.path.abspath(os.path.expanduser(config.root))
+        self.capabilities = Capabilities(
+            persistent=True,
+            shared=True,
+            native_zero_copy=True,
+            bounded=config.max_bytes is not None,
+            delete=True,
+            crash_safe_writes=True,
+        )
+        self._owns: Callable[[str], bool] = (
+            _rank_owner(self.deployment) if config.ownership == "rank" else _owns_everything
+        )
+        self._fsync = config.fsync
+        self._fanout = config.fanout
+        self._meta_on = config.metadata_cache and config.metadata_ttl_s > 0
+        self._meta_ttl = config.metadata_ttl_s
+        self._meta: dict[str, tuple[int, float]] = {}
+        self._meta_lock = threading.Lock()
+        self._dirs: set[str] = set()
+        self._capacity = LRUCapacity(config.max_bytes, config.low_watermark, self._evict_file)
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except OSError as exc:
+            raise _io_error(f"create root directory {self.root!r}", exc) from exc
+        self._dirs.add(self.root)
+        self._scan()
+
+    # -- the contract ---------------------------------------------------------------------------
+
+    def get(self, key: str, out: Buffer | None = None) -> Buffer | None:
+        """Return the value of ``key`` (``bytes``), or read it into ``out``; None on a miss.
+
+        Raises
+        ------
+        BufferSizeError
+            If ``out`` is not exactly the object's size (``out`` is left untouched).
+        BackendIOError
+            If the file exists but cannot be read.
+        """
+        self._check_open()
+        dst = None if out is None else as_writable(out)
+        path = self._path(key)
+        fd = self._open(path, key)
+        if fd is None:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            if dst is None:
+                result: Buffer | None = _read_bytes(fd, size)
+            elif size != dst.nbytes:
+                raise BufferSizeError(
+                    f"output buffer has {dst.nbytes} bytes but the object stored under "
+                    f"{key!r} has {size}"
+                )
+            else:
+                result = out if _read_all(fd, [dst]) else None
+        except OSError as exc:
+            raise _io_error(f"read {key!r}", exc) from exc
+        finally:
+            os.close(fd)
+        if result is None:  # truncated underneath us: not a complete value
+            self._forget_meta(key)
+            return None
+        self._hit(key, size)
+        return result
+
+    def exists(self, key: str) -> bool:
+        """Return whether ``key`` holds a value (the metadata cache first, then ``stat``)."""
+        self._check_open()
+        return self._cached(key) or self._stat(key)
+
+    def set(self, key: str, value: Buffer) -> bool:
+        """Store ``value`` under ``key`` unless it holds a value already (the first one wins).
+
+        Returns False only when the value does not fit the capacity bound.
+
+        Raises
+        ------
+        BackendIOError
+            If the write failed (disk full, I/O error); nothing is left under the key.
+        """
+        self._check_open()
+        view = as_readable(value)
+        return self._store(key, [view], view.nbytes)
+
+    def batch_exists(self, keys: Sequence[str]) -> int:
+        """Return the length of the leading run of keys that exist."""
+        self._check_open()
+        count = 0
+        if self._meta_on:
+            now = time.monotonic()
+            with self._meta_lock:
+                for key in keys:
+                    entry = self._meta.get(key)
+                    if entry is None or entry[1] < now:
+                        break
+                    count += 1
+        for key in keys[count:]:
+            if not self._stat(key):
+                break
+            count += 1
+        return count
+
+    # -- zero-copy page I/O ---------------------------------------------------------------------
+
+    def batch_get_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        """Read each key's object straight into its page of the host pool; return per-key hits.
+
+        An object whose size differs from a page is a miss and its page is left untouched.
+        """
+        self._check_open()
+        pages = self.page_views(keys, host_indices)
+        return [
+            self._load_page(key, [_flat(view) for view in views])
+            for key, views in zip(keys, pages, strict=True)
+        ]
+
+    def batch_set_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        """Write each key's page of the host pool as one object, gathering its buffers."""
+        self._check_open()
+        pages = self.page_views(keys, host_indices)
+        results = []
+        for key, views in zip(keys, pages, strict=True):
+            flat = [_flat(view) for view in views]
+            results.append(self._store(key, flat, sum(view.nbytes for view in flat)))
+        return results
+
+    # -- housekeeping ---------------------------------------------------------------------------
+
+    def delete(self, key: str) -> bool:
+        """Remove ``key``; return whether it existed."""
+        self._check_open()
+        path = self._path(key)
+        try:
+            os.unlink(path)
+        except _MISSING:
+            existed = False
+        except OSError as exc:
+            raise _io_error(f"delete {key!r}", exc) from exc
+        else:
+            existed = True
+        self._forget_meta(key)
+        self._capacity.forget(key)
+        return existed
+
+    def clear(self) -> None:
+        """Remove every object this instance owns (every object, with ``ownership="all"``).
+
+        Temporary files of writes in flight and other ranks' objects are left alone.
+        """
+        self._check_open()
+        indexed = self._capacity.keys()
+        removed: set[str] = set()
+        for directory, entry in self._entries():
+            name = entry.name
+            if name.startswith(".") or not self._owns(name):
+                continue
+            try:
+                os.unlink(os.path.join(directory, name))
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise _io_error(f"remove {name!r} from {directory!r}", exc) from exc
+            removed.add(name)
+        self._capacity.forget_many(removed)
+        gone = [k for k in indexed if k not in removed and not os.path.exists(self._path(k))]
+        self._capacity.forget_many(gone)
+        with self._meta_lock:
+            self._meta.clear()
+
+    def stats(self) -> dict[str, Any]:
+        """Return the base stats plus the index: objects, bytes, evictions, evicted_bytes."""
+        stats = super().stats()
+        capacity = self._capacity.stats()
+        stats.update(
+            root=self.root,
+            ownership=self.config.ownership,
+            objects=capacity["objects"],
+            bytes=capacity["bytes"],
+            reserved_bytes=capacity["reserved_bytes"],
+            max_bytes=capacity["max_bytes"],
+            evictions=capacity["evictions"],
+            evicted_bytes=capacity["evicted_bytes"],
+        )
+        return stats
+
+    def _close(self) -> None:
+        with self._meta_lock:
+            self._meta.clear()
+        self._dirs.clear()
+
+    # -- paths ----------------------------------------------------------------------------------
+
+    def _dir_of(self, key: str) -> str:
+        if not self._fanout:
+            return self.root
+        digest = hashlib.blake2b(key.encode(), digest_size=2).hexdigest()
+        return os.path.join(self.root, digest[:2], digest[2:])
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self._dir_of(validate_key(key)), key)
+
+    def _ensure_dir(self, directory: str) -> None:
+        if directory in self._dirs:
+            return
+        parent = os.path.dirname(directory)
+        if parent != self.root and parent not in self._dirs:
+            self._make_dir(parent)
+        self._make_dir(directory)
+
+    def _make_dir(self, directory: str) -> None:
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:  # root removed from under us: rebuild the path
+            os.makedirs(directory, exist_ok=True)
+        else:
+            if self._fsync:
+                _fsync_dir(os.path.dirname(directory))
+        self._dirs.add(directory)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def _open(self, path: str, key: str) -> int | None:
+        try:
+            return os.open(path, _READ_FLAGS)
+        except _MISSING:
+            self._forget_meta(key)
+            return None
+        except OSError as exc:
+            raise _io_error(f"open {key!r}", exc) from exc
+
+    def _load_page(self, key: str, views: list[memoryview]) -> bool:
+        path = self._path(key)
+        fd = self._open(path, key)
+        if fd is None:
+            return False
+        try:
+            size = os.fstat(fd).st_size
+            if size != sum(view.nbytes for view in views):
+                return False
+            complete = _read_all(fd, views)
+        except OSError as exc:
+            raise _io_error(f"read {key!r}", exc) from exc
+        finally:
+            os.close(fd)
+        if not complete:
+            self._forget_meta(key)
+            return False
+        self._hit(key, size)
+        return True
+
+    def _hit(self, key: str, size: int) -> None:
+        self._capacity.touch(key)
+        self._remember(key, size)
+
+    def _stat(self, key: str) -> bool:
+        try:
+            info = os.stat(self._path(key))
+        except _MISSING:
+            return False
+        except OSError as exc:
+            raise _io_error(f"stat {key!r}", exc) from exc
+        self._remember(key, info.st_size)
+        return True
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def _store(self, key: str, views: list[memoryview], nbytes: int) -> bool:
+        """Publish ``views`` (concatenated) under ``key`` within the capacity bound."""
+        path = self._path(key)
+        if self._cached(key) or self._stat(key):
+            return True
+        owned = self._owns(key)
+        if owned and not self._capacity.reserve(nbytes, key):
+            return False
+        try:
+            published = self._write(key, path, views)
+        except BaseException:
+            if owned:
+                self._capacity.abort(nbytes, key)
+            raise
+        if published:
+            if owned:
+                self._capacity.commit(key, nbytes)
+            self._remember(key, nbytes)
+        elif owned:
+            self._capacity.abort(nbytes, key)
+        return True
+
+    def _write(self, key: str, path: str, views: list[memoryview]) -> bool:
+        """Write a temporary file and link it to ``path``; return False if ``path`` existed."""
+        directory = os.path.dirname(path)
+        temp = os.path.join(directory, f".{key}{_TEMP_MARK}{os.getpid()}.{secrets.token_hex(6)}")
+        try:
+            self._ensure_dir(directory)
+            try:
+                fd = os.open(temp, _WRITE_FLAGS, 0o644)
+            except FileNotFoundError:  # the directory was removed behind our cache
+                self._dirs.discard(directory)
+                self._ensure_dir(directory)
+                fd = os.open(temp, _WRITE_FLAGS, 0o644)
+        except OSError as exc:
+            raise _io_error(f"create a temporary file for {key!r} in {directory!r}", exc) from exc
+        try:
+            try:
+                _write_all(fd, views)
+                if self._fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            published = self._publish(temp, path)
+            if published and self._fsync:
+                _fsync_dir(directory)
+        except OSError as exc:
+            self._discard(temp)
+            raise _io_error(f"write {key!r}", exc) from exc
+        except BaseException:
+            self._discard(temp)
+            raise
+        self._discard(temp)
+        return published
+
+    @staticmethod
+    def _publish(temp: str, path: str) -> bool:
+        """Make ``temp`` visible as ``path`` unless ``path`` exists; return whether it did."""
+        try:
+            os.link(temp, path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno not in _NO_LINK:
+                raise
+        else:
+            return True
+        if os.path.lexists(path):
+            return False
+        os.rename(temp, path)
+        return True
+
+    @staticmethod
+    def _discard(path: str) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+    def _evict_file(self, key: str) -> None:
+        """Remove an evicted object (the capacity index's callback, called under its lock)."""
+        try:
+            os.unlink(self._path(key))
+        except _MISSING:
+            pass
+        except OSError as exc:
+            logger.warning("file backend could not evict %r: %s", key, exc)
+        self._forget_meta(key)
+
+    # -- the metadata cache ---------------------------------------------------------------------
+
+    def _cached(self, key: str) -> bool:
+        if not self._meta_on:
+            return False
+        with self._meta_lock:
+            entry = self._meta.get(key)
+            if entry is None:
+                return False
+            if entry[1] < time.monotonic():
+                del self._meta[key]
+                return False
+            return True
+
+    def _remember(self, key: str, size: int) -> None:
+        if not self._meta_on:
+            return
+        expiry = time.monotonic() + self._meta_ttl
+        with self._meta_lock:
+            self._meta.pop(key, None)
+            self._meta[key] = (size, expiry)
+            if len(self._meta) > _META_LIMIT:
+                del self._meta[next(iter(self._meta))]
+
+    def _forget_meta(self, key: str) -> None:
+        if self._meta_on:
+            with self._meta_lock:
+                self._meta.pop(key, None)
+
+    # -- the startup scan -----------------------------------------------------------------------
+
+    def _object_dirs(self) -> Iterator[str]:
+        """Yield the directories that may hold objects under the configured layout."""
+        if not self._fanout:
+            yield self.root
+            return
+        for first in self._subdirs(self.root):
+            for second in self._subdirs(first):
+                self._dirs.add(first)
+                self._dirs.add(second)
+                yield second
+
+    @staticmethod
+    def _subdirs(directory: str) -> list[str]:
+        try:
+            with os.scandir(directory) as entries:
+                return sorted(
+                    entry.path
+                    for entry in entries
+                    if _FANOUT_DIR.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)
+                )
+        except _MISSING:
+            return []
+
+    def _entries(self) -> Iterator[tuple[str, os.DirEntry[str]]]:
+        """Yield ``(directory, entry)`` for every regular file in the object directories."""
+        try:
+            for directory in self._object_dirs():
+                try:
+                    with os.scandir(directory) as entries:
+                        files = [e for e in entries if e.is_file(follow_symlinks=False)]
+                except _MISSING:
+                    continue
+                for entry in files:
+                    yield directory, entry
+        except OSError as exc:
+            raise _io_error(f"scan {self.root!r}", exc) from exc
+
+    def _scan(self) -> None:
+        """Index the owned objects already on disk (oldest first) and remove stale temps."""
+        now = time.time()
+        found: list[tuple[int, str, int]] = []
+        stale = 0
+        for directory, entry in self._entries():
+            name = entry.name
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if _is_temp(name):
+                if now - info.st_mtime > self.config.stale_temp_s:
+                    self._discard(entry.path)
+                    stale += 1
+                continue
+            if not stat.S_ISREG(info.st_mode) or not _is_key(name) or not self._owns(name):
+                continue
+            if self._dir_of(name) != directory:  # not where this layout would look for it
+                continue
+            found.append((info.st_mtime_ns, name, info.st_size))
+        found.sort()
+        for _, name, size in found:
+            self._capacity.add(name, size)
+        evicted = self._capacity.enforce()
+        if found or stale or evicted:
+            logger.info(
+                "file backend at %s: found %d objects (%d bytes), removed %d stale temporary "
+                "files, evicted %d objects over capacity",
+                self.root,
+                len(found),
+                self._capacity.used,
+                stale,
+                evicted,
+            )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendClosedError(f"file backend at {self.root!r} is closed; create a new one")
+
+    def __repr__(self) -> str:
+        state = " closed" if self._closed else ""
+        return f"<FileBackend root={self.root!r}{state}>"

@@ -1,0 +1,96 @@
+"""Settings of the file backend."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import msgspec
+
+__all__ = ["FileConfig"]
+
+_OWNERSHIP = ("all", "rank")
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
+def _check_seconds(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    if math.isnan(value) or value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+class FileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Settings of :class:`~hicache_storage.backends.file.FileBackend`.
+
+    Attributes
+    ----------
+    root
+        Directory holding the objects; created (with its parents) if absent.
+    fsync
+        Flush each object's data, then its directory entry, before ``set`` returns. Without it
+        a power loss may drop recent objects (never expose partial ones, which atomic publishing
+        prevents either way).
+    fanout
+        Spread objects over two levels of 256 subdirectories named from a blake2b hash of the
+        key (``root/ab/cd/<key>``), so no directory grows huge. Off puts every object directly
+        in ``root``. Readers and writers of one directory must agree on it.
+    metadata_cache
+        Remember keys known to exist (and their sizes) for ``metadata_ttl_s`` seconds, so
+        repeated ``exists``/``batch_exists`` calls and first-wins ``set`` skip a ``stat``.
+    metadata_ttl_s
+        How long a cached "exists" answer is trusted; other processes' deletions become visible
+        after at most this long.
+    max_bytes
+        Capacity bound on the bytes of objects this instance owns, or ``None`` for no bound.
+        When a write would exceed it, the least recently used owned objects are evicted.
+    low_watermark
+        Fraction of ``max_bytes`` that eviction frees down to, so that evictions come in
+        batches rather than one per write.
+    ownership
+        ``"all"``: this instance owns every object under ``root`` (its index, eviction and
+        ``clear`` cover them all). ``"rank"``: it owns only the keys its deployment's key scheme
+        says belong to this rank, so ranks sharing one directory never evict or clear each
+        other's objects.
+    stale_temp_s
+        Temporary files older than this many seconds (left by writers that were killed) are
+        removed by the startup scan.
+    """
+
+    root: str
+    fsync: bool = False
+    fanout: bool = True
+    metadata_cache: bool = True
+    metadata_ttl_s: float = 5.0
+    max_bytes: int | None = None
+    low_watermark: float = 0.9
+    ownership: Literal["all", "rank"] = "all"
+    stale_temp_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.root, str):
+            raise TypeError(f"root must be a str path, got {type(self.root).__name__}")
+        if not self.root:
+            raise ValueError("root must name a directory, got an empty string")
+        if "\x00" in self.root:
+            raise ValueError("root must not contain NUL characters")
+        for name in ("fsync", "fanout", "metadata_cache"):
+            _check_bool(name, getattr(self, name))
+        _check_seconds("metadata_ttl_s", self.metadata_ttl_s)
+        _check_seconds("stale_temp_s", self.stale_temp_s)
+        if self.max_bytes is not None:
+            if isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int):
+                raise TypeError(f"max_bytes must be an int or None, got {self.max_bytes!r}")
+            if self.max_bytes <= 0:
+                raise ValueError(f"max_bytes must be > 0 when set, got {self.max_bytes}")
+        low = self.low_watermark
+        if isinstance(low, bool) or not isinstance(low, (int, float)):
+            raise TypeError(f"low_watermark must be a number, got {type(low).__name__}")
+        if not 0.0 < low < 1.0:
+            raise ValueError(f"low_watermark must be within (0, 1), got {low}")
+        if self.ownership not in _OWNERSHIP:
+            raise ValueError(f"ownership must be 'all' or 'rank', got {self.ownership!r}")

@@ -1,0 +1,226 @@
+"""Capacity accounting of the file backend: a byte budget with least-recently-used eviction.
+
+A writer reserves the bytes of its value before writing it, then commits them under the key once
+the object is published, or aborts the reservation when it is not. Reserved bytes count against
+the budget exactly like stored ones, so concurrent writers can never overshoot it together.
+
+When a reservation does not fit, the least recently used objects are evicted until usage (stored
+plus reserved plus the new value) falls to ``low_watermark * max_bytes``, which batches evictions
+instead of evicting on every write. Eviction never touches a key that a writer has pinned by
+reserving for it. Eviction calls the owner's ``remove`` callback with the lock held, so the
+objects are gone from disk before any other writer can use the freed budget.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
+
+__all__ = ["LRUCapacity"]
+
+
+class LRUCapacity:
+    """Thread-safe byte budget and LRU index of the objects one backend instance owns.
+
+    Parameters
+    ----------
+    max_bytes
+        The budget, or ``None`` for an index that counts but never evicts.
+    low_watermark
+        Fraction of ``max_bytes`` that an eviction frees down to, in (0, 1).
+    remove
+        Called with each evicted key (with the lock held); it deletes the object and must not
+        raise or call back into this object.
+    """
+
+    def __init__(
+        self,
+        max_bytes: int | None,
+        low_watermark: float = 0.9,
+        remove: Callable[[str], None] | None = None,
+    ) -> None:
+        if max_bytes is not None and max_bytes <= 0:
+            raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
+        if not 0.0 < low_watermark < 1.0:
+            raise ValueError(f"low_watermark must be within (0, 1), got {low_watermark}")
+        self.max_bytes = max_bytes
+        self.low_watermark = low_watermark
+        self._remove = remove
+        self._lock = threading.Lock()
+        self._lru: OrderedDict[str, int] = OrderedDict()
+        self._pinned: Counter[str] = Counter()
+        self._used = 0
+        self._reserved = 0
+        self._evictions = 0
+        self._evicted_bytes = 0
+
+    # -- the write protocol ---------------------------------------------------------------------
+
+    def reserve(self, nbytes: int, key: str | None = None) -> bool:
+        """Claim ``nbytes`` of budget for a write, evicting old objects if needed.
+
+        With ``key``, the key is pinned (never evicted) until :meth:`commit` or :meth:`abort`.
+
+        Returns
+        -------
+        bool
+            False when the value alone exceeds ``max_bytes`` or not enough unpinned objects
+            can be evicted; nothing is evicted or reserved then.
+        """
+        if nbytes < 0:
+            raise ValueError(f"cannot reserve a negative size ({nbytes})")
+        with self._lock:
+            if self.max_bytes is not None and not self._make_room(nbytes, self.max_bytes):
+                return False
+            self._reserved += nbytes
+            if key is not None:
+                self._pinned[key] += 1
+            return True
+
+    def commit(self, key: str, nbytes: int, *, pinned: bool = True) -> None:
+        """Turn a reservation of ``nbytes`` into the stored object ``key`` (most recently used).
+
+        ``pinned`` says whether the reservation was made with ``key`` (the default).
+        """
+        with self._lock:
+            self._reserved -= nbytes
+            self._unpin(key, pinned)
+            old = self._lru.pop(key, None)
+            if old is not None:
+                self._used -= old
+            self._lru[key] = nbytes
+            self._used += nbytes
+
+    def abort(self, nbytes: int, key: str | None = None) -> None:
+        """Give back a reservation whose write failed or found the key already stored."""
+        with self._lock:
+            self._reserved -= nbytes
+            if key is not None:
+                self._unpin(key, True)
+
+    # -- the index ------------------------------------------------------------------------------
+
+    def add(self, key: str, nbytes: int) -> None:
+        """Index an object found on disk as the most recently used, without a reservation."""
+        with self._lock:
+            old = self._lru.pop(key, None)
+            if old is not None:
+                self._used -= old
+            self._lru[key] = nbytes
+            self._used += nbytes
+
+    def touch(self, key: str) -> None:
+        """Mark ``key`` as just used (a read hit); unknown keys are ignored."""
+        with self._lock:
+            if key in self._lru:
+                self._lru.move_to_end(key)
+
+    def forget(self, key: str) -> int | None:
+        """Drop ``key`` from the index (it was deleted); return its size, or None if unknown."""
+        with self._lock:
+            size = self._lru.pop(key, None)
+            if size is not None:
+                self._used -= size
+            return size
+
+    def forget_many(self, keys: Iterable[str]) -> None:
+        """Drop every key of ``keys`` from the index."""
+        with self._lock:
+            for key in keys:
+                size = self._lru.pop(key, None)
+                if size is not None:
+                    self._used -= size
+
+    def enforce(self) -> int:
+        """Evict down to the low watermark if usage exceeds ``max_bytes``; return evictions."""
+        with self._lock:
+            if self.max_bytes is None or self._used + self._reserved <= self.max_bytes:
+                return 0
+            before = self._evictions
+            self._evict_to(int(self.max_bytes * self.low_watermark), 0)
+            return self._evictions - before
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._lru
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._lru)
+
+    def keys(self) -> list[str]:
+        """Return the indexed keys, least recently used first."""
+        with self._lock:
+            return list(self._lru)
+
+    @property
+    def used(self) -> int:
+        """Bytes of the indexed objects."""
+        with self._lock:
+            return self._used
+
+    @property
+    def reserved(self) -> int:
+        """Bytes reserved by writes in flight."""
+        with self._lock:
+            return self._reserved
+
+    def stats(self) -> dict[str, int | None]:
+        """Return a consistent snapshot of the counters."""
+        with self._lock:
+            return {
+                "objects": len(self._lru),
+                "bytes": self._used,
+                "reserved_bytes": self._reserved,
+                "max_bytes": self.max_bytes,
+                "evictions": self._evictions,
+                "evicted_bytes": self._evicted_bytes,
+            }
+
+    # -- internals (lock held) ------------------------------------------------------------------
+
+    def _unpin(self, key: str, pinned: bool) -> None:
+        if pinned and self._pinned[key] > 0:
+            self._pinned[key] -= 1
+            if not self._pinned[key]:
+                del self._pinned[key]
+
+    def _make_room(self, nbytes: int, limit: int) -> bool:
+        """Ensure ``nbytes`` more fit under ``limit``, evicting only if that surely succeeds."""
+        if nbytes > limit:
+            return False
+        if self._used + self._reserved + nbytes <= limit:
+            return True
+        target = max(int(limit * self.low_watermark), 0)
+        victims, freed = self._pick(self._used + self._reserved + nbytes - target)
+        if self._used + self._reserved + nbytes - freed > limit:
+            return False
+        self._drop(victims)
+        return True
+
+    def _evict_to(self, target: int, nbytes: int) -> None:
+        victims, _ = self._pick(self._used + self._reserved + nbytes - target)
+        self._drop(victims)
+
+    def _pick(self, excess: int) -> tuple[list[str], int]:
+        """Choose unpinned objects, oldest first, until ``excess`` bytes are covered."""
+        victims: list[str] = []
+        freed = 0
+        for key, size in self._lru.items():
+            if freed >= excess:
+                break
+            if key in self._pinned:
+                continue
+            victims.append(key)
+            freed += size
+        return victims, freed
+
+    def _drop(self, victims: list[str]) -> None:
+        for key in victims:
+            size = self._lru.pop(key)
+            self._used -= size
+            self._evictions += 1
+            self._evicted_bytes += size
+            if self._remove is not None:
+                self._remove(key)

@@ -1,0 +1,21 @@
+"""Registers the ``memory`` backend (imports nothing heavy)."""
+
+from __future__ import annotations
+
+from hicache_storage.capabilities import Capabilities
+from hicache_storage.registry import BackendSpec, hookimpl
+
+SPEC = BackendSpec(
+    name="memory",
+    factory="hicache_storage.backends.memory.backend:MemoryBackend",
+    config="hicache_storage.backends.memory.backend:MemoryConfig",
+    capabilities=Capabilities(delete=True),
+    baseline="hicache_storage.backends.memory.backend:DictBaseline",
+    description="in-process dictionary; the reference and test oracle",
+)
+
+
+@hookimpl
+def hicache_backends() -> list[BackendSpec]:
+    """Provide the memory backend."""
+    return [SPEC]

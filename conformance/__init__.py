@@ -1,0 +1,1 @@
+"""The conformance suite backend authors run against their own store."""

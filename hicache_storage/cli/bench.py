@@ -1,0 +1,152 @@
+"""``hicache bench``: measure a backend against its raw baseline and print a table or JSON."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import click
+import msgspec
+
+from ..bench import BenchReport, OpStats, format_size, parse_sizes, run_bench
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["bench_command", "render"]
+
+
+@contextlib.contextmanager
+def _default_options(backend: str, config: str | None) -> Iterator[str | None]:
+    """Yield the options to use; for ``file`` without a config, a fresh temporary root."""
+    if config is not None or backend != "file":
+        yield config
+        return
+    root = tempfile.mkdtemp(prefix="hicache-bench-")
+    try:
+        yield msgspec.json.encode({"root": root}).decode()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3f}" if value < 100 else f"{value:,.0f}"
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
+
+
+def render(report: BenchReport, console: Console) -> None:
+    """Print ``report`` as a table and a one-line summary."""
+    from rich.table import Table
+
+    table = Table(
+        title=(
+            f"hicache bench {report.backend}: {report.batch_size} keys/batch, "
+            f"{report.batches} batches, {report.repeat} repeats"
+        ),
+        caption="GB/s = 10^9 bytes/s; ratio = backend / raw (1.00 = as fast as raw)",
+    )
+    for column in ("page size", "op", "backend GB/s", "raw GB/s", "ratio", "keys/s"):
+        table.add_column(column, justify="left" if column in ("page size", "op") else "right")
+    table.add_column("p50 ms", justify="right")
+    table.add_column("p99 ms", justify="right")
+
+    def row(size: str, stats: OpStats, raw: OpStats | None, ratio: float | None) -> None:
+        table.add_row(
+            size,
+            stats.op,
+            _num(stats.gb_per_s),
+            _num(raw.gb_per_s if raw is not None else None),
+            _num(ratio),
+            _num(stats.keys_per_s, 0),
+            _ms(stats.p50_ms),
+            _ms(stats.p99_ms),
+        )
+
+    for result in report.results:
+        size = format_size(result.page_size)
+        row(size, result.set, result.raw_write, result.set_ratio)
+        row("", result.exists, None, None)
+        row("", result.get, result.raw_read, result.get_ratio)
+        table.add_section()
+    hashing = report.hashing
+    table.add_row(
+        f"{hashing.page_tokens} tokens",
+        "page_hashes",
+        _num(hashing.mb_per_s / 1000, 3),
+        _num(hashing.raw_mb_per_s / 1000, 3),
+        _num(hashing.ratio),
+        _num(hashing.pages_per_s, 0),
+        "-",
+        "-",
+    )
+    console.print(table)
+    console.print(
+        f"{report.backend}: set {_pct(report.set_ratio)} / get {_pct(report.get_ratio)} of raw "
+        f"(geometric mean over page sizes); page hashing {_pct(hashing.ratio)} of raw sha256",
+        highlight=False,
+    )
+
+
+@click.command("bench")
+@click.argument("backend")
+@click.option(
+    "--config",
+    metavar="JSON|@FILE",
+    help="The backend's options as JSON, or @path to a JSON file.",
+)
+@click.option(
+    "--page-size",
+    "page_size",
+    default="1MiB,4MiB",
+    show_default=True,
+    help="Comma-separated value sizes, e.g. 64KiB,1MiB,4MiB.",
+)
+@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--batches", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON report on stdout.")
+def bench_command(
+    backend: str,
+    config: str | None,
+    page_size: str,
+    batch_size: int,
+    batches: int,
+    repeat: int,
+    as_json: bool,
+) -> None:
+    """Benchmark BACKEND against its raw baseline (set/exists/get vs plain write/read).
+
+    Every value read back is checked byte for byte; wrong bytes abort the run. Without
+    --config, the file backend runs in a fresh temporary directory that is removed afterwards.
+    """
+    from rich.console import Console
+
+    sizes = parse_sizes(page_size)
+    err = Console(stderr=True)
+    with (
+        _default_options(backend, config) as options,
+        err.status(f"benchmarking {backend}...", spinner="dots") as status,
+    ):
+        report = run_bench(
+            backend,
+            options,
+            page_sizes=sizes,
+            batch_size=batch_size,
+            batches=batches,
+            repeat=repeat,
+            progress=lambda line: status.update(line),
+        )
+    if as_json:
+        click.echo(msgspec.json.encode(report).decode())
+    else:
+        render(report, Console())

@@ -1,0 +1,268 @@
+"""Typed configuration: deployment facts, layer settings and each backend's own options.
+
+A config comes from a mapping, a JSON string, a JSON file (``"@path"``) or a msgspec Struct, and
+environment variables override it: ``HICACHE_BACKEND=file``, ``HICACHE_DEPLOYMENT__TP_RANK=1``,
+``HICACHE_OPTIONS__ROOT=/data/kv``, ``HICACHE_LAYERS__FAULTS__DEFAULT__FAILURE_RATE=0.1``
+(``__`` descends one level; values are read as JSON when they parse, else as strings). Unknown keys and wrong types raise
+:class:`~hicache_storage.errors.ConfigError` naming the offending path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+from .errors import ConfigError
+from .keys import RankSuffixScheme
+
+__all__ = [
+    "ENV_PREFIX",
+    "Deployment",
+    "FaultConfig",
+    "FaultRule",
+    "HiCacheConfig",
+    "LayerConfig",
+    "convert",
+    "env_overrides",
+    "load_config",
+    "read_source",
+]
+
+ENV_PREFIX = "HICACHE_"
+
+T = TypeVar("T")
+
+
+class _Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of every config record: immutable, keyword-only, unknown fields refused."""
+
+
+class Deployment(_Config, frozen=True):
+    """Facts about the serving deployment a backend instance belongs to.
+
+    Attributes
+    ----------
+    model_name
+        Model identity; part of rank-suffix keys so different models never share objects.
+    tp_rank, tp_size, pp_rank, pp_size, cp_rank, cp_size
+        Tensor-, pipeline- and context-parallel position of this rank.
+    is_mla
+        Whether KV is replicated on every TP rank (MLA): one object per page, one writer.
+    page_size
+        Tokens per KV page.
+    key_scheme
+        How keys are derived from page hashes (``"rank_suffix"``).
+    """
+
+    model_name: str = ""
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+    cp_rank: int = 0
+    cp_size: int = 1
+    is_mla: bool = False
+    page_size: int = 64
+    key_scheme: Literal["rank_suffix"] = "rank_suffix"
+
+    def __post_init__(self) -> None:
+        if self.page_size <= 0:
+            raise ValueError(f"page_size must be positive, got {self.page_size}")
+        self.rank_suffix()
+
+    def rank_suffix(self) -> RankSuffixScheme:
+        """Return this rank's rank-suffix key scheme (validates ranks against sizes)."""
+        return RankSuffixScheme(
+            model_name=self.model_name,
+            tp_rank=self.tp_rank,
+            tp_size=self.tp_size,
+            pp_rank=self.pp_rank,
+            pp_size=self.pp_size,
+            cp_rank=self.cp_rank,
+            cp_size=self.cp_size,
+            is_mla=self.is_mla,
+        )
+
+
+class FaultRule(_Config, frozen=True):
+    """Injected delay and failure probability for one operation.
+
+    Attributes
+    ----------
+    failure_rate
+        Probability in [0, 1] that a call (or, for batch calls, each key) fails.
+    delay_s
+        Seconds to sleep before every call.
+    """
+
+    failure_rate: float = 0.0
+    delay_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.failure_rate <= 1.0:
+            raise ValueError(f"failure_rate must be within [0, 1], got {self.failure_rate}")
+        if self.delay_s < 0:
+            raise ValueError(f"delay_s must not be negative, got {self.delay_s}")
+
+
+class FaultConfig(_Config, frozen=True):
+    """Fault injection for tests and chaos runs, seeded per thread.
+
+    Attributes
+    ----------
+    seed
+        Seed mixed with each thread's name, so runs repeat and threads diverge.
+    default
+        The rule for operations not listed in ``ops``.
+    ops
+        Per-operation rules, by operation name (``get``, ``batch_get_v1``, ...).
+    """
+
+    seed: int = 0
+    default: FaultRule = FaultRule()
+    ops: dict[str, FaultRule] = {}
+
+
+class LayerConfig(_Config, frozen=True):
+    """Which layers wrap a backend built by :func:`~hicache_storage.create_backend`.
+
+    Attributes
+    ----------
+    metrics
+        Count operations and time them (readable through ``stats()``, exported to Prometheus).
+    degrade
+        Turn infrastructure errors into counted misses so storage never fails a request.
+    faults
+        Inject delays and failures (off unless set).
+    """
+
+    metrics: bool = True
+    degrade: bool = True
+    faults: FaultConfig | None = None
+
+
+class HiCacheConfig(_Config, frozen=True):
+    """A whole configuration: which backend, its options, the deployment and the layers.
+
+    Attributes
+    ----------
+    backend
+        Registered backend name.
+    options
+        The backend's own settings, validated against its schema when it is built.
+    deployment
+        Facts about this rank.
+    layers
+        Layer settings.
+    """
+
+    backend: str = "file"
+    options: dict[str, Any] = {}
+    deployment: Deployment = Deployment()
+    layers: LayerConfig = LayerConfig()
+
+
+def read_source(source: Any) -> dict[str, Any]:
+    """Read a config source into a plain mapping.
+
+    Raises
+    ------
+    ConfigError
+        If the JSON is malformed, the file is missing, or the top level is not an object.
+    """
+    if source is None:
+        return {}
+    if isinstance(source, msgspec.Struct):
+        data: Any = msgspec.to_builtins(source)
+    elif isinstance(source, Mapping):
+        data = dict(source)
+    elif isinstance(source, Path) or (isinstance(source, str) and source.startswith("@")):
+        path = Path(source[1:] if isinstance(source, str) else source)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from exc
+        data = _parse_json(text, f"config file {str(path)!r}")
+    elif isinstance(source, str):
+        data = _parse_json(source, "config JSON") if source.strip() else {}
+    else:
+        raise ConfigError(
+            f"a config must be a mapping, a JSON string or '@path', not {type(source).__name__}"
+        )
+    if not isinstance(data, dict):
+        raise ConfigError(f"a config must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _parse_json(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{what} is not valid JSON: {exc}") from exc
+
+
+def convert(data: Mapping[str, Any], type_: type[T], what: str) -> T:
+    """Validate ``data`` into ``type_``.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``what`` and msgspec's path to the offending field.
+    """
+    try:
+        return msgspec.convert(data, type_)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid {what}: {exc}") from exc
+
+
+def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    """Collect ``HICACHE_*`` variables into a nested mapping (``__`` separates levels)."""
+    nested: dict[str, Any] = {}
+    for name, raw in sorted(env.items()):
+        if not name.startswith(ENV_PREFIX) or name == f"{ENV_PREFIX}CONFIG":
+            continue
+        path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        node = nested
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"environment variable {name} conflicts with another")
+            node = child
+        node[path[-1]] = value
+    return nested
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(dict(merged[key]), value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(source: Any = None, *, env: Mapping[str, str] | None = None) -> HiCacheConfig:
+    """Build a :class:`HiCacheConfig` from ``source`` overridden by the environment.
+
+    ``source`` defaults to ``$HICACHE_CONFIG`` (JSON or ``@path``) when that is set.
+
+    Raises
+    ------
+    ConfigError
+        If any part is malformed, unknown or of the wrong type.
+    """
+    env = os.environ if env is None else env
+    if source is None and env.get(f"{ENV_PREFIX}CONFIG"):
+        source = env[f"{ENV_PREFIX}CONFIG"]
+    data = _merge(read_source(source), env_overrides(env))
+    return convert(data, HiCacheConfig, "hicache config")

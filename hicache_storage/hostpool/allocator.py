@@ -1,0 +1,206 @@
+"""Page allocator of the host KV pool: hands out token slots in whole pages.
+
+Freed pages go to a release list and are merged (concatenated and sorted) into the free list
+only when an allocation needs more pages than the free list holds, so a burst of frees costs no
+sorting. A used bitmap with one bit per page makes a double allocation or a double free fail
+loudly, naming the page, instead of silently handing the same slots to two requests.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from hicache_storage.errors import AllocatorError, HostPoolError, IndexAlignmentError
+
+__all__ = ["PageAllocator", "page_ids"]
+
+
+def _index_tensor(host_indices: torch.Tensor | Sequence[int]) -> torch.Tensor:
+    """Return host indices as a 1-D int64 CPU tensor, rejecting anything but integers."""
+    if isinstance(host_indices, torch.Tensor):
+        dtype: object = host_indices.dtype
+        shape = tuple(host_indices.shape)
+        integer = not (
+            host_indices.is_floating_point()
+            or host_indices.is_complex()
+            or host_indices.dtype == torch.bool
+        )
+    else:
+        try:
+            array = np.asarray(host_indices)
+        except ValueError as exc:
+            message = f"host indices must be a flat sequence of ints: {exc}"
+            raise IndexAlignmentError(message) from exc
+        dtype, shape = array.dtype, array.shape
+        integer = array.dtype.kind in "iu" or array.size == 0
+    if len(shape) != 1 or not integer:
+        raise IndexAlignmentError(
+            f"host indices must be a 1-D integer tensor or sequence of ints, "
+            f"got dtype {dtype} with shape {shape}"
+        )
+    if isinstance(host_indices, torch.Tensor):
+        return host_indices.detach().to("cpu", torch.int64)
+    return torch.from_numpy(array.astype(np.int64))
+
+
+def page_ids(host_indices: torch.Tensor | Sequence[int], page_size: int, size: int) -> torch.Tensor:
+    """Validate token indices that describe whole pages and return their page numbers.
+
+    Parameters
+    ----------
+    host_indices
+        1-D integer tensor or sequence of token indices, ``page_size`` consecutive indices per
+        page, each page starting at a multiple of ``page_size``.
+    page_size, size
+        Tokens per page and token slots in the pool.
+
+    Returns
+    -------
+    torch.Tensor
+        1-D int64 CPU tensor with one page number (start // page_size) per page, in order.
+
+    Raises
+    ------
+    IndexAlignmentError
+        If the indices are not integers, or do not describe whole, aligned, in-range pages.
+    """
+    indices = _index_tensor(host_indices)
+    if indices.numel() % page_size:
+        raise IndexAlignmentError(
+            f"got {indices.numel()} host indices, not a multiple of page_size ({page_size}); "
+            f"pass page_size indices per page"
+        )
+    pages = indices.view(-1, page_size)
+    starts = pages[:, 0]
+    bad = torch.nonzero((starts % page_size != 0) | (starts < 0) | (starts >= size))
+    if bad.numel():
+        i = int(bad[0, 0])
+        raise IndexAlignmentError(
+            f"page {i} starts at token {int(starts[i])}, which is not a multiple of page_size "
+            f"({page_size}) in [0, {size})"
+        )
+    offsets = torch.arange(page_size, dtype=torch.int64)
+    broken = torch.nonzero(((pages - starts[:, None]) != offsets).any(dim=1))
+    if broken.numel():
+        i = int(broken[0, 0])
+        raise IndexAlignmentError(
+            f"page {i} starting at token {int(starts[i])} is not {page_size} consecutive "
+            f"indices: got {pages[i].tolist()}"
+        )
+    return starts // page_size
+
+
+class PageAllocator:
+    """Thread-safe allocator of the token slots ``[0, size)`` in pages of ``page_size``.
+
+    Parameters
+    ----------
+    size
+        Token slots managed; a positive multiple of ``page_size``.
+    page_size
+        Tokens per page; every allocation and free covers whole pages.
+    """
+
+    def __init__(self, size: int, page_size: int) -> None:
+        if page_size <= 0 or size <= 0 or size % page_size:
+            raise HostPoolError(
+                f"size ({size}) must be a positive multiple of page_size ({page_size})"
+            )
+        self.size = size
+        self.page_size = page_size
+        self.num_pages = size // page_size
+        self._lock = threading.RLock()
+        self._offsets = torch.arange(page_size, dtype=torch.int64)
+        self._free_pages = torch.arange(self.num_pages, dtype=torch.int64)
+        self._released: list[torch.Tensor] = []
+        self._used = torch.zeros(self.num_pages, dtype=torch.bool)
+
+    def available_size(self) -> int:
+        """Token slots free now, counting pages freed but not yet merged into the free list."""
+        with self._lock:
+            released = sum(int(pages.numel()) for pages in self._released)
+            return (int(self._free_pages.numel()) + released) * self.page_size
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """Allocate ``need_size`` token slots (whole pages).
+
+        Returns
+        -------
+        torch.Tensor or None
+            1-D int64 token indices, ``page_size`` consecutive per page; None when fewer than
+            ``need_size`` slots are free.
+
+        Raises
+        ------
+        IndexAlignmentError
+            If ``need_size`` is not a positive multiple of ``page_size``.
+        AllocatorError
+            If a page handed out is already marked used (allocator state is corrupt).
+        """
+        if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size <= 0:
+            raise IndexAlignmentError(f"need_size must be a positive int, got {need_size!r}")
+        if need_size % self.page_size:
+            raise IndexAlignmentError(
+                f"need_size ({need_size}) must be a multiple of page_size ({self.page_size})"
+            )
+        num = need_size // self.page_size
+        with self._lock:
+            if num > self._free_pages.numel() and self._released:
+                merged = torch.cat([self._free_pages, *self._released])
+                self._free_pages = torch.sort(merged).values
+                self._released = []
+            if num > self._free_pages.numel():
+                return None
+            pages = self._free_pages[:num]
+            taken = torch.nonzero(self._used[pages])
+            if taken.numel():
+                page = int(pages[int(taken[0, 0])])
+                raise AllocatorError(
+                    f"double allocation of page {page} (tokens {page * self.page_size}.."
+                    f"{(page + 1) * self.page_size - 1}); the allocator's free list is corrupt"
+                )
+            self._free_pages = self._free_pages[num:]
+            self._used[pages] = True
+        return (pages[:, None] * self.page_size + self._offsets).reshape(-1)
+
+    def free(self, indices: torch.Tensor | Sequence[int]) -> None:
+        """Return whole pages of token slots to the allocator.
+
+        Raises
+        ------
+        IndexAlignmentError
+            If ``indices`` do not describe whole, aligned, in-range pages.
+        AllocatorError
+            If a page is freed twice or was never allocated.
+        """
+        pages = page_ids(indices, self.page_size, self.size)
+        if pages.numel() == 0:
+            return
+        with self._lock:
+            unique, counts = torch.unique(pages, return_counts=True)
+            repeated = unique[counts > 1]
+            if repeated.numel():
+                page = int(repeated[0])
+                raise AllocatorError(self._free_error(page, "appears twice in one free"))
+            not_used = torch.nonzero(~self._used[pages])
+            if not_used.numel():
+                page = int(pages[int(not_used[0, 0])])
+                raise AllocatorError(self._free_error(page, "is not allocated (double free?)"))
+            self._used[pages] = False
+            self._released.append(pages.clone())
+
+    def clear(self) -> None:
+        """Mark every page free, forgetting all allocations."""
+        with self._lock:
+            self._free_pages = torch.arange(self.num_pages, dtype=torch.int64)
+            self._released = []
+            self._used.zero_()
+
+    def _free_error(self, page: int, problem: str) -> str:
+        first = page * self.page_size
+        last = first + self.page_size - 1
+        return f"cannot free page {page} (tokens {first}..{last}): it {problem}"

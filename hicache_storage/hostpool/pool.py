@@ -1,0 +1,308 @@
+"""Host KV pools (L2): one CPU tensor of KV pages, pinned when CUDA is available.
+
+A storage backend moves KV data one page at a time; a page is the *object* stored under one key.
+Its bytes are the concatenation, in a canonical order, of the contiguous regions the page
+occupies in the pool tensor (shapes in :mod:`hicache_storage.hostpool.layout`), so **the bytes
+of an object depend on the layout**:
+
+======================  ========================================  ======================
+pool and layout         regions of one page, in order             object bytes
+======================  ========================================  ======================
+MHA layer_first         K layer 0..L-1, then V layer 0..L-1 (2L)  ``(2, L, page, H, D)``
+MHA page_first          K page, then V page (2)                   ``(2, page, L, H, D)``
+MHA page_first_direct   K page, then V page (2)                   ``(2, L, page, H, D)``
+MLA layer_first         layer 0..L-1 (L)                          ``(L, page, d)``
+MLA page_first          the page (1)                              ``(page, L, d)``
+MLA page_first_direct   the page (1)                              ``(L, page, d)``
+======================  ========================================  ======================
+
+A backend may move the regions zero-copy (:meth:`HostKVPool.page_buffer_meta`,
+:meth:`HostKVPool.page_buffer_views`) or one contiguous value per key
+(:meth:`HostKVPool.read_page`, :meth:`HostKVPool.write_page`); both give the same object bytes.
+Objects written from a pool of one layout cannot be read into a pool of another.
+
+Internally the pool tensor is seen as a byte grid with one row per region above (2L, 2, L or 1
+rows), each row holding that region for every token; a page is one column range of the grid.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import ClassVar, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from hicache_storage.buffers import as_readable, as_writable
+from hicache_storage.errors import (
+    BufferSizeError,
+    HostPoolError,
+    IndexAlignmentError,
+    InvalidValueError,
+)
+from hicache_storage.hostpool.allocator import PageAllocator, page_ids
+from hicache_storage.hostpool.layout import (
+    Layout,
+    mha_buffer_shape,
+    mha_page_shape,
+    mla_buffer_shape,
+    mla_page_shape,
+)
+
+__all__ = ["HostKVPool", "MHAHostPool", "MLAHostPool"]
+
+HostIndices: TypeAlias = torch.Tensor | Sequence[int]
+
+
+class HostKVPool:
+    """A host KV cache pool: a page allocator over one ``kv_buffer`` tensor.
+
+    Use :class:`MHAHostPool` or :class:`MLAHostPool`; this base class holds what they share.
+
+    Parameters
+    ----------
+    size, page_size, layer_num, dtype, layout, pin_memory
+        As in the subclasses.
+    rows
+        Contiguous regions of one page in the pool tensor: 2 (K and V) or 1 (MLA), times
+        ``layer_num`` for ``layer_first``.
+    buffer_shape, page_shape
+        Shapes of the pool tensor and of one page object.
+    """
+
+    is_mla: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        size: int,
+        page_size: int,
+        layer_num: int,
+        dtype: torch.dtype,
+        layout: Layout,
+        pin_memory: bool | None,
+        rows: int,
+        buffer_shape: tuple[int, ...],
+        page_shape: tuple[int, ...],
+    ) -> None:
+        if not isinstance(dtype, torch.dtype):
+            raise HostPoolError(f"dtype must be a torch.dtype, got {dtype!r}")
+        pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+        try:
+            self.kv_buffer = torch.zeros(buffer_shape, dtype=dtype, pin_memory=pin)
+        except RuntimeError as exc:
+            raise HostPoolError(
+                f"cannot allocate a host pool of shape {buffer_shape} ({dtype}, pinned={pin}): "
+                f"{exc}; pass pin_memory=False on machines without an accelerator"
+            ) from exc
+        self.size = size
+        self.page_size = page_size
+        self.num_pages = size // page_size
+        self.layer_num = layer_num
+        self.dtype = dtype
+        self.layout = layout
+        self.page_shape = page_shape
+        self.base_ptr = self.kv_buffer.data_ptr()
+        self.allocator = PageAllocator(size, page_size)
+        self._rows = rows
+        # Bytes of one token within one region row; a page is page_size consecutive tokens.
+        self._token_nbytes = self.kv_buffer.numel() * self.kv_buffer.element_size() // (rows * size)
+        self._region_nbytes = page_size * self._token_nbytes
+        self._row_nbytes = size * self._token_nbytes
+        self.page_nbytes = rows * self._region_nbytes
+        self._grid = self.kv_buffer.view(-1).view(torch.uint8).view(rows, self._row_nbytes)
+        self._grid_np: npt.NDArray[np.uint8] = self._grid.numpy()
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """Allocate ``need_size`` token slots; see :meth:`PageAllocator.alloc`."""
+        return self.allocator.alloc(need_size)
+
+    def free(self, indices: HostIndices) -> None:
+        """Free whole pages of token slots; see :meth:`PageAllocator.free`."""
+        self.allocator.free(indices)
+
+    def page_starts(self, host_indices: HostIndices) -> list[int]:
+        """Validate token indices, ``page_size`` consecutive per page, and return page starts.
+
+        Raises
+        ------
+        IndexAlignmentError
+            If the indices do not describe whole, aligned, in-range pages.
+        """
+        return (page_ids(host_indices, self.page_size, self.size) * self.page_size).tolist()
+
+    def page_buffer_meta(self, host_indices: HostIndices) -> list[list[tuple[int, int]]]:
+        """Per page, the ``(address, nbytes)`` of each region, in canonical object order."""
+        nbytes = self._region_nbytes
+        return [
+            [
+                (self.base_ptr + row * self._row_nbytes + start * self._token_nbytes, nbytes)
+                for row in range(self._rows)
+            ]
+            for start in self.page_starts(host_indices)
+        ]
+
+    def page_buffer_views(self, host_indices: HostIndices) -> list[list[memoryview]]:
+        """Per page, writable zero-copy byte views of each region, in canonical object order."""
+        views = []
+        for start in self.page_starts(host_indices):
+            first = start * self._token_nbytes
+            page = self._grid_np[:, first : first + self._region_nbytes]
+            views.append([memoryview(page[row]) for row in range(self._rows)])
+        return views
+
+    def read_page(self, page_start: int, out: object) -> None:
+        """Copy the object bytes of the page at ``page_start`` into ``out``.
+
+        Raises
+        ------
+        InvalidValueError
+            If ``out`` is not a writable, C-contiguous buffer.
+        BufferSizeError
+            If ``out`` is not exactly ``page_nbytes`` long.
+        """
+        np.copyto(self._as_grid(out, writable=True), self._grid_np[:, self._columns(page_start)])
+
+    def write_page(self, page_start: int, data: object) -> None:
+        """Scatter the object bytes in ``data`` into the page at ``page_start``.
+
+        Raises
+        ------
+        InvalidValueError
+            If ``data`` is not a C-contiguous buffer.
+        BufferSizeError
+            If ``data`` is not exactly ``page_nbytes`` long.
+        """
+        np.copyto(self._grid_np[:, self._columns(page_start)], self._as_grid(data, writable=False))
+
+    def get_data_page(self, page_start: int) -> torch.Tensor:
+        """Return a contiguous copy of the page at ``page_start``, shaped as its object."""
+        page = self._grid[:, self._columns(page_start)].clone(memory_format=torch.contiguous_format)
+        return page.view(self.dtype).view(self.page_shape)
+
+    def set_data_page(self, page_start: int, tensor: torch.Tensor) -> None:
+        """Copy ``tensor`` (the page object, flat or shaped, of the pool's dtype) into a page.
+
+        Raises
+        ------
+        InvalidValueError
+            If ``tensor`` is not a tensor of the pool's dtype.
+        BufferSizeError
+            If ``tensor`` does not hold exactly one page object.
+        """
+        columns = self._columns(page_start)
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != self.dtype:
+            got = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise InvalidValueError(f"expected a tensor of dtype {self.dtype}, got {got}")
+        if tensor.numel() * tensor.element_size() != self.page_nbytes:
+            raise BufferSizeError(
+                f"tensor of shape {tuple(tensor.shape)} is not one page object {self.page_shape}"
+            )
+        flat = tensor.detach().reshape(-1).contiguous().view(torch.uint8)
+        self._grid[:, columns].copy_(flat.view(self._rows, self._region_nbytes))
+
+    def _columns(self, page_start: int) -> slice:
+        """Byte columns of the page at ``page_start`` in every row of the grid."""
+        try:
+            start = operator.index(page_start)
+        except TypeError as exc:
+            raise IndexAlignmentError(f"page_start must be an int, got {page_start!r}") from exc
+        if start % self.page_size or not 0 <= start < self.size:
+            raise IndexAlignmentError(
+                f"page_start {start} is not a multiple of page_size ({self.page_size}) "
+                f"in [0, {self.size})"
+            )
+        first = start * self._token_nbytes
+        return slice(first, first + self._region_nbytes)
+
+    def _as_grid(self, buffer: object, *, writable: bool) -> npt.NDArray[np.uint8]:
+        """View a caller's page-sized buffer as the (rows, region bytes) grid of one page."""
+        view = as_writable(buffer) if writable else as_readable(buffer)
+        if view.nbytes != self.page_nbytes:
+            raise BufferSizeError(
+                f"buffer holds {view.nbytes} bytes but one page object is {self.page_nbytes}"
+            )
+        return np.frombuffer(view, dtype=np.uint8).reshape(self._rows, self._region_nbytes)
+
+
+class MHAHostPool(HostKVPool):
+    """Host pool of multi-head attention KV: K and V, ``head_num`` heads of ``head_dim``.
+
+    Parameters
+    ----------
+    size
+        Token slots; a positive multiple of ``page_size``.
+    page_size
+        Tokens per page (the unit of allocation and of storage).
+    layer_num, head_num, head_dim
+        Model geometry, per rank.
+    dtype
+        Element type of the KV cache.
+    layout
+        A :class:`Layout` or its name.
+    pin_memory
+        Pin the pool for fast device transfers; None pins when CUDA is available.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        layer_num: int,
+        head_num: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.bfloat16,
+        layout: Layout | str = Layout.LAYER_FIRST,
+        pin_memory: bool | None = None,
+    ) -> None:
+        parsed = Layout.parse(layout)
+        super().__init__(
+            size=size,
+            page_size=page_size,
+            layer_num=layer_num,
+            dtype=dtype,
+            layout=parsed,
+            pin_memory=pin_memory,
+            rows=2 * layer_num if parsed is Layout.LAYER_FIRST else 2,
+            buffer_shape=mha_buffer_shape(parsed, size, page_size, layer_num, head_num, head_dim),
+            page_shape=mha_page_shape(parsed, page_size, layer_num, head_num, head_dim),
+        )
+        self.head_num = head_num
+        self.head_dim = head_dim
+        self.k_buffer = self.kv_buffer[0]
+        self.v_buffer = self.kv_buffer[1]
+
+
+class MLAHostPool(HostKVPool):
+    """Host pool of multi-head latent attention KV: one ``kv_cache_dim`` vector per token.
+
+    Parameters are those of :class:`MHAHostPool`, with ``kv_cache_dim`` for the head geometry.
+    """
+
+    is_mla = True
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        layer_num: int,
+        kv_cache_dim: int,
+        dtype: torch.dtype = torch.bfloat16,
+        layout: Layout | str = Layout.LAYER_FIRST,
+        pin_memory: bool | None = None,
+    ) -> None:
+        parsed = Layout.parse(layout)
+        super().__init__(
+            size=size,
+            page_size=page_size,
+            layer_num=layer_num,
+            dtype=dtype,
+            layout=parsed,
+            pin_memory=pin_memory,
+            rows=layer_num if parsed is Layout.LAYER_FIRST else 1,
+            buffer_shape=mla_buffer_shape(parsed, size, page_size, layer_num, kv_cache_dim),
+            page_shape=mla_page_shape(parsed, page_size, layer_num, kv_cache_dim),
+        )
+        self.kv_cache_dim = kv_cache_dim

@@ -1,0 +1,129 @@
+"""The default key scheme: page hash plus a rank suffix, as SGLang's file backend names pages.
+
+Under tensor parallelism each TP rank of an MHA model holds a different slice of the heads, so
+each rank stores its own object per page and the suffix carries ``{tp_rank}_{tp_size}``. An MLA
+model replicates the latent KV on every TP rank, so all ranks share one object per page: the
+TP part is dropped and only rank 0 writes. Pipeline and context parallelism split the KV
+further and always add their own suffix parts when in use.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from hicache_storage.errors import ConfigError
+from hicache_storage.keys.validation import MAX_KEY_LENGTH
+
+__all__ = ["RankSuffixScheme", "sanitize_model_name"]
+
+_HASH_LENGTH = 64
+_HASH = re.compile(r"[0-9a-f]{64}")
+_UNSAFE_CHAR = re.compile(r"[^A-Za-z0-9._-]")
+_REPEATED_DOT = re.compile(r"\.(?=\.)")
+
+
+def sanitize_model_name(model_name: str) -> str:
+    """Make a model name usable inside a key.
+
+    Every character outside ``[A-Za-z0-9._-]`` (``/`` included, so ``"Qwen/Qwen3-8B"`` becomes
+    ``"Qwen-Qwen3-8B"``) is replaced by ``-``, and in a run of dots every dot but the last is
+    replaced by ``-`` so that no key ever contains ``..``.
+    """
+    return _REPEATED_DOT.sub("-", _UNSAFE_CHAR.sub("-", model_name))
+
+
+@dataclass(frozen=True, slots=True)
+class RankSuffixScheme:
+    """Maps page hashes to the keys of one parallel rank.
+
+    Parameters
+    ----------
+    model_name
+        Model identifier, sanitised with :func:`sanitize_model_name`; empty omits it.
+    tp_rank, tp_size, pp_rank, pp_size, cp_rank, cp_size
+        Tensor-, pipeline- and context-parallel rank and world size of this worker.
+    is_mla
+        Whether the model uses MLA, whose KV is identical on every TP rank.
+
+    Raises
+    ------
+    ConfigError
+        If a size is below 1, a rank is outside ``[0, size)``, or the model name would make
+        keys longer than :data:`~hicache_storage.keys.validation.MAX_KEY_LENGTH`.
+    """
+
+    model_name: str = ""
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+    cp_rank: int = 0
+    cp_size: int = 1
+    is_mla: bool = False
+    _suffix: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model_name, str):
+            raise ConfigError(f"model_name must be str, got {type(self.model_name).__name__}")
+        if not isinstance(self.is_mla, bool):
+            raise ConfigError(f"is_mla must be bool, got {type(self.is_mla).__name__}")
+        for kind in ("tp", "pp", "cp"):
+            rank, size = getattr(self, f"{kind}_rank"), getattr(self, f"{kind}_size")
+            for name, value in ((f"{kind}_rank", rank), (f"{kind}_size", size)):
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise ConfigError(f"{name} must be int, got {value!r}")
+            if size < 1:
+                raise ConfigError(f"{kind}_size must be >= 1, got {size}")
+            if not 0 <= rank < size:
+                raise ConfigError(f"{kind}_rank must be in [0, {kind}_size={size}), got {rank}")
+
+        parts = [sanitize_model_name(self.model_name)] if self.model_name else []
+        if not self.is_mla:
+            parts += [str(self.tp_rank), str(self.tp_size)]
+        if self.pp_size > 1:
+            parts += [str(self.pp_size), str(self.pp_rank)]
+        if self.cp_size > 1:
+            parts += [f"cp{self.cp_rank}", str(self.cp_size)]
+        suffix = "".join(f"_{part}" for part in parts)
+        if _HASH_LENGTH + len(suffix) > MAX_KEY_LENGTH:
+            raise ConfigError(
+                f"model_name is too long: keys would be {_HASH_LENGTH + len(suffix)} characters,"
+                f" the limit is {MAX_KEY_LENGTH}"
+            )
+        object.__setattr__(self, "_suffix", suffix)
+
+    @property
+    def suffix(self) -> str:
+        """The text appended to every page hash, e.g. ``"_Qwen-Qwen3-8B_1_4"``."""
+        return self._suffix
+
+    @property
+    def is_writer(self) -> bool:
+        """Whether this rank writes pages: always for MHA, only TP rank 0 for MLA.
+
+        MLA ranks hold identical bytes under identical keys, so a single writer avoids
+        redundant writes of the same object; the other ranks only read.
+        """
+        return not self.is_mla or self.tp_rank == 0
+
+    def key(self, page_hash: str) -> str:
+        """Return the key of ``page_hash`` for this rank."""
+        return page_hash + self._suffix
+
+    def keys(self, page_hashes: Iterable[str]) -> list[str]:
+        """Return the keys of ``page_hashes`` for this rank, in order."""
+        suffix = self._suffix
+        return [h + suffix for h in page_hashes]
+
+    def owns(self, key: str) -> bool:
+        """Whether ``key`` is a page hash followed by exactly this rank's suffix.
+
+        Backends use it so that a rank only evicts or clears its own objects.
+        """
+        return (
+            len(key) == _HASH_LENGTH + len(self._suffix)
+            and key.endswith(self._suffix)
+            and _HASH.fullmatch(key, 0, _HASH_LENGTH) is not None
+        )

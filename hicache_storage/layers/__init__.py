@@ -1,0 +1,17 @@
+"""Layers: wrappers that add one cross-cutting behaviour to any backend, same contract out."""
+
+from __future__ import annotations
+
+from .base import ForwardingBackend
+from .degrade import DegradeLayer
+from .faults import FaultInjectionLayer
+from .metrics import MetricsLayer
+from .validation import ValidationLayer
+
+__all__ = [
+    "DegradeLayer",
+    "FaultInjectionLayer",
+    "ForwardingBackend",
+    "MetricsLayer",
+    "ValidationLayer",
+]

@@ -1,0 +1,251 @@
+"""Count and time every operation; readable through ``stats()`` and exported to Prometheus.
+
+Prometheus metrics are created once per process (the client refuses a second registration) and
+only when ``prometheus_client`` is importable. Labels are backend, operation and outcome, never the
+key. Under ``PROMETHEUS_MULTIPROC_DIR`` plain counters and histograms keep working.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, final
+
+from typing_extensions import Buffer
+
+from ..buffers import as_readable
+from ..errors import HiCacheError
+from .base import ForwardingBackend
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["LATENCY_BUCKETS_S", "MetricsLayer"]
+
+T = TypeVar("T")
+
+LATENCY_BUCKETS_S: tuple[float, ...] = tuple(
+    round(mantissa * 10.0**exponent, 9) for exponent in range(-6, 2) for mantissa in (1.0, 2.5, 5.0)
+)
+
+
+class _Prometheus(NamedTuple):
+    keys: Any
+    calls: Any
+    errors: Any
+    seconds: Any
+    bytes: Any
+
+
+@functools.cache
+def _prometheus() -> _Prometheus | None:
+    try:
+        import prometheus_client as prom
+    except ImportError:
+        return None
+    return _Prometheus(
+        keys=prom.Counter(
+            "hicache_storage_keys", "Keys handled, by outcome", ["backend", "op", "outcome"]
+        ),
+        calls=prom.Counter("hicache_storage_calls", "Backend calls", ["backend", "op"]),
+        errors=prom.Counter(
+            "hicache_storage_errors", "Calls that raised", ["backend", "op", "error"]
+        ),
+        seconds=prom.Histogram(
+            "hicache_storage_call_seconds",
+            "Latency of backend calls",
+            ["backend", "op"],
+            buckets=LATENCY_BUCKETS_S,
+        ),
+        bytes=prom.Counter("hicache_storage_bytes", "Bytes moved", ["backend", "direction"]),
+    )
+
+
+class _OpStats:
+    """Counters and a latency histogram for one operation."""
+
+    __slots__ = ("buckets", "calls", "errors", "outcomes", "seconds")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.seconds = 0.0
+        self.outcomes: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()
+        self.buckets = [0] * (len(LATENCY_BUCKETS_S) + 1)
+
+    def quantile(self, q: float) -> float | None:
+        """Return the bucket upper bound below which a fraction ``q`` of calls finished."""
+        if self.calls == 0:
+            return None
+        rank = q * self.calls
+        seen = 0
+        for index, count in enumerate(self.buckets):
+            seen += count
+            if seen >= rank:
+                return LATENCY_BUCKETS_S[index] if index < len(LATENCY_BUCKETS_S) else None
+        return None
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            **dict(self.outcomes),
+            "errors": dict(self.errors),
+            "latency_s": {
+                "sum": self.seconds,
+                "p50": self.quantile(0.5),
+                "p99": self.quantile(0.99),
+            },
+        }
+
+
+@final
+class MetricsLayer(ForwardingBackend):
+    """Count keys by outcome (hit/miss, ok/fail), errors by type, bytes moved, and latency."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self._lock = threading.Lock()
+        self._ops: dict[str, _OpStats] = {}
+        self._bytes = {"read": 0, "written": 0}
+        self._prom = _prometheus()
+
+    def _record(
+        self, op: str, seconds: float, outcomes: dict[str, int], moved: tuple[str, int] | None
+    ) -> None:
+        with self._lock:
+            stats = self._ops.setdefault(op, _OpStats())
+            stats.calls += 1
+            stats.seconds += seconds
+            stats.buckets[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+            stats.outcomes.update(outcomes)
+            if moved is not None:
+                self._bytes[moved[0]] += moved[1]
+        if self._prom is not None:
+            self._prom.calls.labels(self.name, op).inc()
+            self._prom.seconds.labels(self.name, op).observe(seconds)
+            for outcome, count in outcomes.items():
+                if count:
+                    self._prom.keys.labels(self.name, op, outcome).inc(count)
+            if moved is not None and moved[1]:
+                self._prom.bytes.labels(self.name, moved[0]).inc(moved[1])
+
+    def _timed(
+        self,
+        op: str,
+        call: Callable[[], T],
+        outcome: Callable[[T], tuple[dict[str, int], tuple[str, int] | None]],
+    ) -> T:
+        start = time.perf_counter()
+        try:
+            result = call()
+        except HiCacheError as exc:
+            error = type(exc).__name__
+            with self._lock:
+                stats = self._ops.setdefault(op, _OpStats())
+                stats.calls += 1
+                stats.errors[error] += 1
+            if self._prom is not None:
+                self._prom.errors.labels(self.name, op, error).inc()
+            raise
+        outcomes, moved = outcome(result)
+        self._record(op, time.perf_counter() - start, outcomes, moved)
+        return result
+
+    def get(self, key: str, out: Buffer | None = None) -> Buffer | None:
+        """Forward :meth:`StorageBackend.get`, counting a hit or a miss."""
+        return self._timed(
+            "get",
+            lambda: self.inner.get(key, out),
+            lambda r: (
+                ({"hit": 1}, ("read", len(as_readable(r))))
+                if r is not None
+                else ({"miss": 1}, None)
+            ),
+        )
+
+    def exists(self, key: str) -> bool:
+        """Forward :meth:`StorageBackend.exists`, counting a hit or a miss."""
+        return self._timed("exists", lambda: self.inner.exists(key), lambda r: (_hits([r]), None))
+
+    def set(self, key: str, value: Buffer) -> bool:
+        """Forward :meth:`StorageBackend.set`, counting success and bytes offered."""
+        size = len(as_readable(value))
+        return self._timed(
+            "set",
+            lambda: self.inner.set(key, value),
+            lambda r: (_oks([r]), ("written", size if r else 0)),
+        )
+
+    def batch_get(self, keys: Sequence[str], outs: Sequence[Buffer]) -> list[bool]:
+        """Forward :meth:`StorageBackend.batch_get`, counting hits and misses per key."""
+        sizes = [len(as_readable(out)) for out in outs]
+        return self._timed(
+            "batch_get",
+            lambda: self.inner.batch_get(keys, outs),
+            lambda r: (_hits(r), ("read", sum(s for s, hit in zip(sizes, r, strict=True) if hit))),
+        )
+
+    def batch_set(self, keys: Sequence[str], values: Sequence[Buffer]) -> list[bool]:
+        """Forward :meth:`StorageBackend.batch_set`, counting success per key."""
+        sizes = [len(as_readable(value)) for value in values]
+        return self._timed(
+            "batch_set",
+            lambda: self.inner.batch_set(keys, values),
+            lambda r: (_oks(r), ("written", sum(s for s, ok in zip(sizes, r, strict=True) if ok))),
+        )
+
+    def batch_exists(self, keys: Sequence[str]) -> int:
+        """Forward :meth:`StorageBackend.batch_exists`, counting the prefix hit and the rest."""
+        return self._timed(
+            "batch_exists",
+            lambda: self.inner.batch_exists(keys),
+            lambda r: ({"hit": r, "miss": len(keys) - r}, None),
+        )
+
+    def batch_get_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        """Forward :meth:`StorageBackend.batch_get_v1`, counting hits, misses and bytes."""
+        return self._timed(
+            "batch_get_v1",
+            lambda: self.inner.batch_get_v1(keys, host_indices),
+            lambda r: (_hits(r), ("read", sum(r) * self.inner.host_pool.page_nbytes)),
+        )
+
+    def batch_set_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        """Forward :meth:`StorageBackend.batch_set_v1`, counting success and bytes."""
+        return self._timed(
+            "batch_set_v1",
+            lambda: self.inner.batch_set_v1(keys, host_indices),
+            lambda r: (_oks(r), ("written", sum(r) * self.inner.host_pool.page_nbytes)),
+        )
+
+    def delete(self, key: str) -> bool:
+        """Forward :meth:`StorageBackend.delete`, counting a hit or a miss."""
+        return self._timed("delete", lambda: self.inner.delete(key), lambda r: (_hits([r]), None))
+
+    def stats(self) -> dict[str, Any]:
+        """Return the inner stats plus a ``metrics`` section."""
+        with self._lock:
+            section = {
+                "ops": {op: stats.snapshot() for op, stats in sorted(self._ops.items())},
+                "bytes_read": self._bytes["read"],
+                "bytes_written": self._bytes["written"],
+            }
+        return {**self.inner.stats(), "metrics": section}
+
+
+def _hits(results: Sequence[bool]) -> dict[str, int]:
+    hits = sum(1 for r in results if r)
+    return {"hit": hits, "miss": len(results) - hits}
+
+
+def _oks(results: Sequence[bool]) -> dict[str, int]:
+    oks = sum(1 for r in results if r)
+    return {"ok": oks, "fail": len(results) - oks}

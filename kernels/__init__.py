@@ -1,0 +1,1 @@
+"""Transfer kernels that move KV pages between device and host pools."""

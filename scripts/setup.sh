@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Create .venv (if needed) and install the project with its test and dev tools.
+# torch is pinned here only to pick the CPU build on this machine; the package itself asks torch>=2.4.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[dev]"

@@ -1,0 +1,97 @@
+"""Config sources, environment overrides and clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hicache_storage import (
+    ConfigError,
+    Deployment,
+    HiCacheConfig,
+    create_backend,
+    load_config,
+    open_backend,
+)
+
+
+def test_sources_agree(tmp_path: Path) -> None:
+    data = {"backend": "memory", "deployment": {"tp_rank": 1, "tp_size": 2, "model_name": "m"}}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(data))
+    expected = load_config(data, env={})
+    assert load_config(json.dumps(data), env={}) == expected
+    assert load_config(f"@{path}", env={}) == expected
+    assert load_config(path, env={}) == expected
+    assert expected.deployment.tp_rank == 1
+    assert isinstance(expected, HiCacheConfig)
+
+
+def test_environment_overrides(tmp_path: Path) -> None:
+    env = {
+        "HICACHE_BACKEND": "file",
+        "HICACHE_OPTIONS__ROOT": str(tmp_path),
+        "HICACHE_OPTIONS__MAX_BYTES": "1048576",
+        "HICACHE_DEPLOYMENT__TP_SIZE": "4",
+        "HICACHE_DEPLOYMENT__TP_RANK": "3",
+        "HICACHE_DEPLOYMENT__IS_MLA": "true",
+        "HICACHE_LAYERS__FAULTS__DEFAULT__FAILURE_RATE": "0.25",
+        "UNRELATED": "x",
+    }
+    config = load_config({"backend": "memory"}, env=env)
+    assert config.backend == "file"
+    assert config.options == {"root": str(tmp_path), "max_bytes": 1048576}
+    assert config.deployment.tp_rank == 3 and config.deployment.is_mla
+    assert config.layers.faults is not None
+    assert config.layers.faults.default.failure_rate == 0.25
+
+
+def test_config_from_env_variable(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text('{"backend": "memory"}')
+    assert load_config(env={"HICACHE_CONFIG": f"@{path}"}).backend == "memory"
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ('{"backend": "file",', "not valid JSON"),
+        ("[1, 2]", "JSON object"),
+        ({"backnd": "file"}, "backnd"),
+        ({"deployment": {"tp_rank": "zero"}}, "tp_rank"),
+        ({"deployment": {"tp_rank": 2, "tp_size": 2}}, "tp_rank"),
+        ({"deployment": {"page_size": 0}}, "page_size"),
+        ({"layers": {"faults": {"default": {"failure_rate": 1.5}}}}, "failure_rate"),
+        ("@/nonexistent/hicache.json", "cannot read config file"),
+        (42, "mapping"),
+    ],
+)
+def test_config_errors_are_clear(source: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(source, env={})
+
+
+def test_backend_options_are_validated(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="rooot"):
+        create_backend("file", {"rooot": str(tmp_path)})
+    with pytest.raises(ConfigError, match="max_bytes"):
+        create_backend("file", {"root": str(tmp_path), "max_bytes": "lots"})
+    with pytest.raises(ConfigError, match="root"):
+        create_backend("file", {})
+    with pytest.raises(ConfigError, match="unknown_option"):
+        create_backend("memory", '{"unknown_option": 1}')
+
+
+def test_open_backend_from_whole_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HICACHE_OPTIONS__ROOT", str(tmp_path))
+    with open_backend({"backend": "file", "deployment": {"model_name": "m"}}) as backend:
+        assert backend.set("k", b"v")
+    assert any(p.is_file() for p in tmp_path.rglob("k"))
+
+
+def test_deployment_key_scheme() -> None:
+    scheme = Deployment(model_name="org/model", tp_rank=1, tp_size=2).rank_suffix()
+    assert scheme.key("a" * 64).endswith("_1_2")
+    assert "/" not in scheme.key("a" * 64)
