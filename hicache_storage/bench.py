@@ -275,7 +275,7 @@ class _Timer:
         self.keys = 0
         self.nbytes = 0
 
-    def time(self, keys: int, nbytes: int, call: Callable[..., T], *args: Any) -> T:
+    def measure(self, keys: int, nbytes: int, call: Callable[..., T], *args: Any) -> T:
         start = time.perf_counter_ns()
         result = call(*args)
         self.samples_ns.append(time.perf_counter_ns() - start)
@@ -361,7 +361,10 @@ def _cleanup(backend: StorageBackend, keys: Sequence[str]) -> str:
 
 
 class _Round:
-    """The timed calls of one page size, against one backend and its baseline."""
+    """The timed calls of one page size, one batch at a time, against a backend and its baseline.
+
+    Every method handles one batch and checks its answer outside the timed call.
+    """
 
     def __init__(
         self,
@@ -370,74 +373,57 @@ class _Round:
         baseline: Any,
         page_size: int,
         batch_size: int,
-        batches: int,
     ) -> None:
         self.name = name
         self.backend = backend
         self.baseline = baseline
         self.page_size = page_size
-        self.batch_size = batch_size
-        self.parts = [slice(b * batch_size, (b + 1) * batch_size) for b in range(batches)]
         self.nbytes = batch_size * page_size
         self.outs = [bytearray(page_size) for _ in range(batch_size)]
+        self.views = [memoryview(out) for out in self.outs]
         self.timers = {op: _Timer(op) for op in ("set", "exists", "get", "raw_write", "raw_read")}
         self.written: list[str] = []
+        self.verified = 0
 
-    def backend_set(self, keys: Sequence[str], values: Sequence[memoryview]) -> int:
-        for part in self.parts:
-            ks, vs = keys[part], values[part]
-            stored = self.timers["set"].time(len(ks), self.nbytes, self.backend.batch_set, ks, vs)
-            self.written.extend(ks)
-            if not all(stored):
-                raise BenchError(
-                    f"backend {self.name!r} failed to store {stored.count(False)} of {len(ks)} "
-                    f"values of {format_size(self.page_size)}; see its log"
-                )
-        return 0
+    def backend_set(self, keys: Sequence[str], values: Sequence[memoryview]) -> None:
+        stored = self.timers["set"].measure(
+            len(keys), self.nbytes, self.backend.batch_set, keys, values
+        )
+        self.written.extend(keys)
+        if not all(stored):
+            raise BenchError(
+                f"backend {self.name!r} failed to store {stored.count(False)} of {len(keys)} "
+                f"values of {format_size(self.page_size)}; see its log"
+            )
 
-    def raw_write(self, names: Sequence[str], values: Sequence[memoryview]) -> int:
+    def raw_write(self, names: Sequence[str], values: Sequence[memoryview]) -> None:
         if self.baseline is not None:
-            for part in self.parts:
-                ns, vs = names[part], values[part]
-                self.timers["raw_write"].time(
-                    len(ns), self.nbytes, self.baseline.batch_write, ns, vs
-                )
-        return 0
+            write = self.baseline.batch_write
+            self.timers["raw_write"].measure(len(names), self.nbytes, write, names, values)
 
     def backend_exists(self, keys: Sequence[str]) -> None:
-        for part in self.parts:
-            ks = keys[part]
-            found = self.timers["exists"].time(len(ks), 0, self.backend.batch_exists, ks)
-            if found != len(ks):
-                raise BenchError(
-                    f"backend {self.name!r} reports {found} of {len(ks)} just-stored keys exist"
-                )
-
-    def backend_get(self, keys: Sequence[str], values: Sequence[memoryview]) -> int:
-        count = 0
-        for part in self.parts:
-            ks, vs = keys[part], values[part]
-            _zero(self.outs)
-            hits = self.timers["get"].time(
-                len(ks), self.nbytes, self.backend.batch_get, ks, self.outs
+        found = self.timers["exists"].measure(len(keys), 0, self.backend.batch_exists, keys)
+        if found != len(keys):
+            raise BenchError(
+                f"backend {self.name!r} reports {found} of {len(keys)} just-stored keys exist"
             )
-            count += _verify(f"backend {self.name!r}", ks, hits, self.outs, vs)
-        return count
 
-    def raw_read(self, names: Sequence[str], values: Sequence[memoryview]) -> int:
+    def backend_get(self, keys: Sequence[str], values: Sequence[memoryview]) -> None:
+        _zero(self.outs)
+        get = self.backend.batch_get
+        hits = self.timers["get"].measure(len(keys), self.nbytes, get, keys, self.outs)
+        self.verified += _verify(f"backend {self.name!r}", keys, hits, self.outs, values)
+
+    def raw_read(self, names: Sequence[str], values: Sequence[memoryview]) -> None:
         if self.baseline is None:
-            return 0
-        count = 0
-        views = [memoryview(out) for out in self.outs]
-        for part in self.parts:
-            ns, vs = names[part], values[part]
-            _zero(self.outs)
-            self.timers["raw_read"].time(len(ns), self.nbytes, self.baseline.batch_read, ns, views)
-            who = f"the raw baseline of {self.name!r}"
-            count += _verify(who, ns, [True] * len(ns), self.outs, vs)
-        return count
+            return
+        _zero(self.outs)
+        read = self.baseline.batch_read
+        self.timers["raw_read"].measure(len(names), self.nbytes, read, names, self.views)
+        who = f"the raw baseline of {self.name!r}"
+        self.verified += _verify(who, names, [True] * len(names), self.outs, values)
 
-    def stats(self, verified: int, cleanup: str) -> PageSizeStats:
+    def stats(self, cleanup: str) -> PageSizeStats:
         timers = self.timers
         set_stats, get_stats = timers["set"].stats(), timers["get"].stats()
         raw_write = timers["raw_write"].stats() if self.baseline is not None else None
@@ -451,7 +437,7 @@ class _Round:
             raw_read=raw_read,
             set_ratio=_ratio(set_stats, raw_write),
             get_ratio=_ratio(get_stats, raw_read),
-            verified=verified,
+            verified=self.verified,
             cleanup=cleanup,
         )
 
@@ -474,6 +460,7 @@ def _bench_page_size(
     # previous one, so every value of the run differs while generation stays cheap.
     block = memoryview(rng.bytes(page_size + repeat * per_repeat * _STRIDE))
     label = f"{name} {format_size(page_size)}"
+    parts = [slice(b * batch_size, (b + 1) * batch_size) for b in range(batches)]
 
     backend = create_backend(name, options)
     try:
@@ -481,8 +468,7 @@ def _bench_page_size(
     except BaseException:
         backend.close()
         raise
-    bench = _Round(name, backend, baseline, page_size, batch_size, batches)
-    verified = 0
+    bench = _Round(name, backend, baseline, page_size, batch_size)
     try:
         for rep in range(repeat):
             first = rep * per_repeat
@@ -492,24 +478,31 @@ def _bench_page_size(
             ]
             keys = [f"bench-{run_id}-{page_size}-{rep}-{i}" for i in range(per_repeat)]
             names = [f"raw-{run_id}-{page_size}-{rep}-{i}" for i in range(per_repeat)]
-            # Alternate who goes first, so neither always finds the store warmer.
-            backend_first = rep % 2 == 0
             where = f"{label}: repeat {rep + 1}/{repeat}"
 
+            # Interleave batch by batch and alternate who goes first, so both sides see the
+            # same state of the store (dirty pages, cache warmth) as nearly as possible.
             progress(f"{where}: write")
-            if backend_first:
-                bench.backend_set(keys, values)
-                bench.raw_write(names, values)
-            else:
-                bench.raw_write(names, values)
-                bench.backend_set(keys, values)
+            for b, part in enumerate(parts):
+                ks, ns, vs = keys[part], names[part], values[part]
+                if (rep + b) % 2 == 0:
+                    bench.backend_set(ks, vs)
+                    bench.raw_write(ns, vs)
+                else:
+                    bench.raw_write(ns, vs)
+                    bench.backend_set(ks, vs)
             progress(f"{where}: exists")
-            bench.backend_exists(keys)
+            for part in parts:
+                bench.backend_exists(keys[part])
             progress(f"{where}: read")
-            if backend_first:
-                verified += bench.backend_get(keys, values) + bench.raw_read(names, values)
-            else:
-                verified += bench.raw_read(names, values) + bench.backend_get(keys, values)
+            for b, part in enumerate(parts):
+                ks, ns, vs = keys[part], names[part], values[part]
+                if (rep + b) % 2 == 0:
+                    bench.backend_get(ks, vs)
+                    bench.raw_read(ns, vs)
+                else:
+                    bench.raw_read(ns, vs)
+                    bench.backend_get(ks, vs)
         cleanup = _cleanup(backend, bench.written)
     finally:
         try:
@@ -517,7 +510,7 @@ def _bench_page_size(
                 baseline.close()
         finally:
             backend.close()
-    return bench.stats(verified, cleanup)
+    return bench.stats(cleanup)
 
 
 def bench_hashing(

@@ -3,8 +3,8 @@
 A config comes from a mapping, a JSON string, a JSON file (``"@path"``) or a msgspec Struct, and
 environment variables override it: ``HICACHE_BACKEND=file``, ``HICACHE_DEPLOYMENT__TP_RANK=1``,
 ``HICACHE_OPTIONS__ROOT=/data/kv``, ``HICACHE_LAYERS__FAULTS__DEFAULT__FAILURE_RATE=0.1``
-(``__`` descends one level; values are read as JSON when they parse, else as strings). Unknown keys and wrong types raise
-:class:`~hicache_storage.errors.ConfigError` naming the offending path.
+(``__`` descends one level; values are read as JSON when they parse, else as strings). Unknown
+keys and wrong types raise :class:`~hicache_storage.errors.ConfigError` naming the offending path.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from .keys import RankSuffixScheme
 
 __all__ = [
     "ENV_PREFIX",
+    "OPERATIONS",
     "Deployment",
     "FaultConfig",
     "FaultRule",
@@ -34,6 +35,18 @@ __all__ = [
 ]
 
 ENV_PREFIX = "HICACHE_"
+
+OPERATIONS = (
+    "get",
+    "exists",
+    "set",
+    "delete",
+    "batch_get",
+    "batch_set",
+    "batch_exists",
+    "batch_get_v1",
+    "batch_set_v1",
+)
 
 T = TypeVar("T")
 
@@ -126,6 +139,13 @@ class FaultConfig(_Config, frozen=True):
     seed: int = 0
     default: FaultRule = FaultRule()
     ops: dict[str, FaultRule] = {}
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.ops) - set(OPERATIONS))
+        if unknown:
+            raise ValueError(
+                f"unknown operations {unknown} in fault rules; known: {', '.join(OPERATIONS)}"
+            )
 
 
 class LayerConfig(_Config, frozen=True):

@@ -53,6 +53,8 @@ class BackendSpec:
         ``"module:Struct"``: the msgspec Struct that validates the backend's settings.
     extra
         The pip extra that installs the client library, or ``None`` when none is needed.
+    distribution
+        The distribution that declares :attr:`extra` (a third-party plugin names its own).
     requires
         Top-level modules the backend imports (checked by ``hicache backends``).
     capabilities
@@ -67,6 +69,7 @@ class BackendSpec:
     factory: str
     config: str
     extra: str | None = None
+    distribution: str = "hicache-storage"
     requires: tuple[str, ...] = ()
     capabilities: Capabilities = dataclasses.field(default_factory=Capabilities)
     baseline: str | None = None
@@ -100,9 +103,9 @@ class BackendSpec:
             module = importlib.import_module(module_name)
         except ImportError as exc:
             hint = (
-                f"pip install 'hicache-storage[{self.extra}]'"
+                f"pip install '{self.distribution}[{self.extra}]'"
                 if self.extra
-                else "reinstall hicache-storage"
+                else f"reinstall {self.distribution}"
             )
             raise MissingDependencyError(
                 f"backend {self.name!r} needs {exc.name or module_name!r}, which is not "

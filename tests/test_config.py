@@ -64,6 +64,7 @@ def test_config_from_env_variable(tmp_path: Path) -> None:
         ({"deployment": {"tp_rank": 2, "tp_size": 2}}, "tp_rank"),
         ({"deployment": {"page_size": 0}}, "page_size"),
         ({"layers": {"faults": {"default": {"failure_rate": 1.5}}}}, "failure_rate"),
+        ({"layers": {"faults": {"ops": {"gett": {"failure_rate": 0.5}}}}}, "gett"),
         ("@/nonexistent/hicache.json", "cannot read config file"),
         (42, "mapping"),
     ],

@@ -83,6 +83,7 @@ _NO_LINK = frozenset(
     if code is not None
 )
 _MISSING = (FileNotFoundError, NotADirectoryError)
+_blake2b = hashlib.blake2b
 _FANOUT_DIR = re.compile(r"[0-9a-f]{2}")
 _META_LIMIT = 1 << 18
 """Most entries the metadata cache keeps; the oldest insertion is dropped beyond it."""
@@ -133,11 +134,18 @@ def _write_all(fd: int, views: Sequence[memoryview]) -> None:
         index = _advance(pending, index, done)
 
 
-def _read_all(fd: int, views: Sequence[memoryview]) -> bool:
-    """Fill ``views`` back to back from offset 0; return False if the file ends first."""
-    pending = [view for view in views if view.nbytes]
+def _read_all(fd: int, views: Sequence[memoryview], size: int) -> bool:
+    """Fill ``views`` (``size`` bytes in all) from offset 0; return False if the file ends first."""
     preadv = getattr(os, "preadv", None)
-    index = offset = 0
+    offset = 0
+    if preadv is not None and 0 < len(views) <= _IOV_MAX:  # the usual case: one call does it
+        offset = preadv(fd, views, 0)
+        if offset == size:
+            return True
+        if offset <= 0:
+            return False
+    pending = [view for view in views if view.nbytes]
+    index = _advance(pending, 0, offset)
     while index < len(pending):
         if preadv is not None:
             done = preadv(fd, pending[index : index + _IOV_MAX], offset)
@@ -197,14 +205,6 @@ def _owns_everything(key: str) -> bool:
     return True
 
 
-def _rank_owner(deployment: Deployment) -> Callable[[str], bool]:
-    """Return the ownership test of ``deployment``'s rank (its key scheme's ``owns``)."""
-    scheme_of = getattr(deployment, "key_scheme", None)
-    scheme = scheme_of() if callable(scheme_of) else deployment.rank_suffix()
-    owns: Callable[[str], bool] = scheme.owns
-    return owns
-
-
 class FileBackend(StorageBackend):
     """Stores each key as one file under ``config.root``; see the module docstring.
 
@@ -229,6 +229,7 @@ class FileBackend(StorageBackend):
         self.config = config
         self.deployment = deployment if deployment is not None else Deployment()
         self.root = os.path.abspath(os.path.expanduser(config.root))
+        self._prefix = os.path.join(self.root, "")
         self.capabilities = Capabilities(
             persistent=True,
             shared=True,
@@ -238,7 +239,7 @@ class FileBackend(StorageBackend):
             crash_safe_writes=True,
         )
         self._owns: Callable[[str], bool] = (
-            _rank_owner(self.deployment) if config.ownership == "rank" else _owns_everything
+            self.deployment.rank_suffix().owns if config.ownership == "rank" else _owns_everything
         )
         self._fsync = config.fsync
         self._fanout = config.fanout
@@ -283,7 +284,7 @@ class FileBackend(StorageBackend):
                     f"{key!r} has {size}"
                 )
             else:
-                result = out if _read_all(fd, [dst]) else None
+                result = out if _read_all(fd, [dst], size) else None
         except OSError as exc:
             raise _io_error(f"read {key!r}", exc) from exc
         finally:
@@ -380,14 +381,15 @@ class FileBackend(StorageBackend):
     def clear(self) -> None:
         """Remove every object this instance owns (every object, with ``ownership="all"``).
 
-        Temporary files of writes in flight and other ranks' objects are left alone.
+        Temporary files of writes in flight, other ranks' objects and files whose names are not
+        keys are left alone.
         """
         self._check_open()
         indexed = self._capacity.keys()
         removed: set[str] = set()
         for directory, entry in self._entries():
             name = entry.name
-            if name.startswith(".") or not self._owns(name):
+            if not _is_key(name) or not self._owns(name):
                 continue
             try:
                 os.unlink(os.path.join(directory, name))
@@ -428,11 +430,11 @@ class FileBackend(StorageBackend):
     def _dir_of(self, key: str) -> str:
         if not self._fanout:
             return self.root
-        digest = hashlib.blake2b(key.encode(), digest_size=2).hexdigest()
-        return os.path.join(self.root, digest[:2], digest[2:])
+        digest = _blake2b(key.encode(), digest_size=2).hexdigest()
+        return f"{self._prefix}{digest[:2]}{os.sep}{digest[2:]}"
 
     def _path(self, key: str) -> str:
-        return os.path.join(self._dir_of(validate_key(key)), key)
+        return f"{self._dir_of(key)}{os.sep}{key}"
 
     def _ensure_dir(self, directory: str) -> None:
         if directory in self._dirs:
@@ -474,7 +476,7 @@ class FileBackend(StorageBackend):
             size = os.fstat(fd).st_size
             if size != sum(view.nbytes for view in views):
                 return False
-            complete = _read_all(fd, views)
+            complete = _read_all(fd, views, size)
         except OSError as exc:
             raise _io_error(f"read {key!r}", exc) from exc
         finally:
@@ -579,7 +581,7 @@ class FileBackend(StorageBackend):
             os.unlink(path)
 
     def _evict_file(self, key: str) -> None:
-        """Remove an evicted object (the capacity index's callback, called under its lock)."""
+        """Remove an evicted object (the capacity index's callback)."""
         try:
             os.unlink(self._path(key))
         except _MISSING:
@@ -607,7 +609,6 @@ class FileBackend(StorageBackend):
             return
         expiry = time.monotonic() + self._meta_ttl
         with self._meta_lock:
-            self._meta.pop(key, None)
             self._meta[key] = (size, expiry)
             if len(self._meta) > _META_LIMIT:
                 del self._meta[next(iter(self._meta))]

@@ -32,9 +32,10 @@ class FileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     root
         Directory holding the objects; created (with its parents) if absent.
     fsync
-        Flush each object's data, then its directory entry, before ``set`` returns. Without it
-        a power loss may drop recent objects (never expose partial ones, which atomic publishing
-        prevents either way).
+        Flush each object's data, then its directory entry, before ``set`` returns. Atomic
+        publishing already keeps a killed writer from exposing a partial object; ``fsync``
+        extends that to power loss and kernel crashes, after which recent objects may otherwise
+        be missing, truncated or zero-filled.
     fanout
         Spread objects over two levels of 256 subdirectories named from a blake2b hash of the
         key (``root/ab/cd/<key>``), so no directory grows huge. Off puts every object directly

@@ -7,8 +7,13 @@ the budget exactly like stored ones, so concurrent writers can never overshoot i
 When a reservation does not fit, the least recently used objects are evicted until usage (stored
 plus reserved plus the new value) falls to ``low_watermark * max_bytes``, which batches evictions
 instead of evicting on every write. Eviction never touches a key that a writer has pinned by
-reserving for it. Eviction calls the owner's ``remove`` callback with the lock held, so the
-objects are gone from disk before any other writer can use the freed budget.
+reserving for it.
+
+The files are removed outside the lock, so reads that only mark a key as used never wait for
+disk work. Bytes being evicted keep counting against the budget until their files are gone, the
+reservation that caused the eviction is granted only after that, and any other writer that
+needs room meanwhile waits for the eviction in flight instead of evicting more: the objects on
+disk plus the writes in flight never exceed ``max_bytes``.
 """
 
 from __future__ import annotations
@@ -30,8 +35,8 @@ class LRUCapacity:
     low_watermark
         Fraction of ``max_bytes`` that an eviction frees down to, in (0, 1).
     remove
-        Called with each evicted key (with the lock held); it deletes the object and must not
-        raise or call back into this object.
+        Called with each evicted key, without the lock held; it deletes the object and should
+        not raise.
     """
 
     def __init__(
@@ -48,10 +53,12 @@ class LRUCapacity:
         self.low_watermark = low_watermark
         self._remove = remove
         self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
         self._lru: OrderedDict[str, int] = OrderedDict()
         self._pinned: Counter[str] = Counter()
         self._used = 0
         self._reserved = 0
+        self._evicting = 0
         self._evictions = 0
         self._evicted_bytes = 0
 
@@ -61,6 +68,7 @@ class LRUCapacity:
         """Claim ``nbytes`` of budget for a write, evicting old objects if needed.
 
         With ``key``, the key is pinned (never evicted) until :meth:`commit` or :meth:`abort`.
+        Returns once any eviction it started has removed its files.
 
         Returns
         -------
@@ -71,12 +79,19 @@ class LRUCapacity:
         if nbytes < 0:
             raise ValueError(f"cannot reserve a negative size ({nbytes})")
         with self._lock:
-            if self.max_bytes is not None and not self._make_room(nbytes, self.max_bytes):
+            victims = self._claim(nbytes)
+            if victims is None:
                 return False
             self._reserved += nbytes
             if key is not None:
                 self._pinned[key] += 1
-            return True
+        if victims:
+            try:
+                self._remove_all(victims)
+            except BaseException:
+                self.abort(nbytes, key)
+                raise
+        return True
 
     def commit(self, key: str, nbytes: int, *, pinned: bool = True) -> None:
         """Turn a reservation of ``nbytes`` into the stored object ``key`` (most recently used).
@@ -135,11 +150,13 @@ class LRUCapacity:
     def enforce(self) -> int:
         """Evict down to the low watermark if usage exceeds ``max_bytes``; return evictions."""
         with self._lock:
-            if self.max_bytes is None or self._used + self._reserved <= self.max_bytes:
+            total = self._used + self._reserved + self._evicting
+            if self.max_bytes is None or total <= self.max_bytes:
                 return 0
-            before = self._evictions
-            self._evict_to(int(self.max_bytes * self.low_watermark), 0)
-            return self._evictions - before
+            excess = total - int(self.max_bytes * self.low_watermark)
+            victims = self._detach(self._pick(excess)[0])
+        self._remove_all(victims)
+        return len(victims)
 
     def __contains__(self, key: object) -> bool:
         with self._lock:
@@ -166,6 +183,12 @@ class LRUCapacity:
         with self._lock:
             return self._reserved
 
+    @property
+    def evicting(self) -> int:
+        """Bytes of evicted objects whose files are being removed."""
+        with self._lock:
+            return self._evicting
+
     def stats(self) -> dict[str, int | None]:
         """Return a consistent snapshot of the counters."""
         with self._lock:
@@ -173,6 +196,7 @@ class LRUCapacity:
                 "objects": len(self._lru),
                 "bytes": self._used,
                 "reserved_bytes": self._reserved,
+                "evicting_bytes": self._evicting,
                 "max_bytes": self.max_bytes,
                 "evictions": self._evictions,
                 "evicted_bytes": self._evicted_bytes,
@@ -186,22 +210,24 @@ class LRUCapacity:
             if not self._pinned[key]:
                 del self._pinned[key]
 
-    def _make_room(self, nbytes: int, limit: int) -> bool:
-        """Ensure ``nbytes`` more fit under ``limit``, evicting only if that surely succeeds."""
+    def _claim(self, nbytes: int) -> list[tuple[str, int]] | None:
+        """Make ``nbytes`` fit: return the objects to remove first, or None if it cannot fit."""
+        limit = self.max_bytes
+        if limit is None:
+            return []
         if nbytes > limit:
-            return False
-        if self._used + self._reserved + nbytes <= limit:
-            return True
-        target = max(int(limit * self.low_watermark), 0)
-        victims, freed = self._pick(self._used + self._reserved + nbytes - target)
-        if self._used + self._reserved + nbytes - freed > limit:
-            return False
-        self._drop(victims)
-        return True
-
-    def _evict_to(self, target: int, nbytes: int) -> None:
-        victims, _ = self._pick(self._used + self._reserved + nbytes - target)
-        self._drop(victims)
+            return None
+        while True:
+            if self._used + self._reserved + self._evicting + nbytes <= limit:
+                return []
+            if self._evicting:  # another writer is freeing room: wait for it, then look again
+                self._freed.wait()
+                continue
+            target = int(limit * self.low_watermark)
+            victims, freed = self._pick(self._used + self._reserved + nbytes - target)
+            if self._used + self._reserved + nbytes - freed > limit:
+                return None  # evicting every unpinned object would not be enough
+            return self._detach(victims)
 
     def _pick(self, excess: int) -> tuple[list[str], int]:
         """Choose unpinned objects, oldest first, until ``excess`` bytes are covered."""
@@ -216,11 +242,25 @@ class LRUCapacity:
             freed += size
         return victims, freed
 
-    def _drop(self, victims: list[str]) -> None:
+    def _detach(self, victims: list[str]) -> list[tuple[str, int]]:
+        """Drop ``victims`` from the index; their bytes count as evicting until removed."""
+        detached = []
         for key in victims:
             size = self._lru.pop(key)
             self._used -= size
+            self._evicting += size
             self._evictions += 1
             self._evicted_bytes += size
+            detached.append((key, size))
+        return detached
+
+    def _remove_all(self, victims: list[tuple[str, int]]) -> None:
+        """Remove the files of detached objects (lock not held), then release their bytes."""
+        try:
             if self._remove is not None:
-                self._remove(key)
+                for key, _ in victims:
+                    self._remove(key)
+        finally:
+            with self._lock:
+                self._evicting -= sum(size for _, size in victims)
+                self._freed.notify_all()

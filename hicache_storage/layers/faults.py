@@ -108,8 +108,9 @@ class FaultInjectionLayer(ForwardingBackend):
 
     def batch_exists(self, keys: Sequence[str]) -> int:
         """Cut the batch at the first failed key; forward the part before it."""
-        alive = self._mask("batch_exists", len(keys))
-        cut = alive.index(False) if False in alive else len(keys)
+        rule = self._rule("batch_exists")
+        cut = next((i for i in range(len(keys)) if self._fails(rule)), len(keys))
+        self._count("batch_exists", int(cut < len(keys)))
         return self.inner.batch_exists(keys[:cut]) if cut else 0
 
     def batch_get_v1(

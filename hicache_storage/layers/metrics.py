@@ -114,7 +114,12 @@ class MetricsLayer(ForwardingBackend):
         self._prom = _prometheus()
 
     def _record(
-        self, op: str, seconds: float, outcomes: dict[str, int], moved: tuple[str, int] | None
+        self,
+        op: str,
+        seconds: float,
+        outcomes: dict[str, int],
+        moved: tuple[str, int] | None,
+        error: str | None = None,
     ) -> None:
         with self._lock:
             stats = self._ops.setdefault(op, _OpStats())
@@ -122,11 +127,15 @@ class MetricsLayer(ForwardingBackend):
             stats.seconds += seconds
             stats.buckets[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
             stats.outcomes.update(outcomes)
+            if error is not None:
+                stats.errors[error] += 1
             if moved is not None:
                 self._bytes[moved[0]] += moved[1]
         if self._prom is not None:
             self._prom.calls.labels(self.name, op).inc()
             self._prom.seconds.labels(self.name, op).observe(seconds)
+            if error is not None:
+                self._prom.errors.labels(self.name, op, error).inc()
             for outcome, count in outcomes.items():
                 if count:
                     self._prom.keys.labels(self.name, op, outcome).inc(count)
@@ -143,13 +152,7 @@ class MetricsLayer(ForwardingBackend):
         try:
             result = call()
         except HiCacheError as exc:
-            error = type(exc).__name__
-            with self._lock:
-                stats = self._ops.setdefault(op, _OpStats())
-                stats.calls += 1
-                stats.errors[error] += 1
-            if self._prom is not None:
-                self._prom.errors.labels(self.name, op, error).inc()
+            self._record(op, time.perf_counter() - start, {}, None, type(exc).__name__)
             raise
         outcomes, moved = outcome(result)
         self._record(op, time.perf_counter() - start, outcomes, moved)

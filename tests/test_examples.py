@@ -1,0 +1,20 @@
+"""The examples run as documented."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def test_quickstart_round_trips(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "quickstart.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert "prefix hit: 6/6 pages, loaded: True, identical: True" in result.stdout

@@ -1,0 +1,171 @@
+"""LRUCapacity: reservations, LRU order, pinning and the bound under concurrency."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from hicache_storage.backends.file.evictor import LRUCapacity
+
+
+def capacity(max_bytes: int | None, low: float = 0.5) -> tuple[LRUCapacity, list[str]]:
+    removed: list[str] = []
+    return LRUCapacity(max_bytes, low, removed.append), removed
+
+
+def store(cap: LRUCapacity, key: str, size: int) -> bool:
+    if not cap.reserve(size, key):
+        return False
+    cap.commit(key, size)
+    return True
+
+
+def test_unbounded_counts_and_never_evicts() -> None:
+    cap, removed = capacity(None)
+    for i in range(100):
+        assert store(cap, f"k{i}", 1000)
+    assert (len(cap), cap.used, removed) == (100, 100_000, [])
+
+
+def test_evicts_oldest_down_to_low_watermark() -> None:
+    cap, removed = capacity(100, low=0.5)
+    for i in range(10):
+        assert store(cap, f"k{i}", 10)
+    assert removed == []
+    cap.touch("k0")
+    assert store(cap, "new", 10)
+    # 110 > 100: evict until 100 - evicted + 10 <= 50, i.e. 60 bytes, oldest first, k0 spared.
+    assert removed == ["k1", "k2", "k3", "k4", "k5", "k6"]
+    assert cap.keys() == ["k7", "k8", "k9", "k0", "new"]
+    assert cap.used == 50
+    assert cap.stats()["evictions"] == 6
+    assert cap.stats()["evicted_bytes"] == 60
+
+
+def test_too_large_value_is_refused_without_evicting() -> None:
+    cap, removed = capacity(100)
+    store(cap, "a", 60)
+    assert not cap.reserve(101)
+    assert removed == []
+    assert cap.reserved == 0
+
+
+def test_refuses_when_pinned_and_reserved_bytes_leave_no_room() -> None:
+    cap, removed = capacity(100)
+    assert store(cap, "a", 40)
+    assert cap.reserve(50, "a")  # a rewrite of "a" in flight pins it
+    assert not cap.reserve(20)  # only "a" could go, and it is pinned
+    assert removed == []
+    cap.abort(50, "a")
+    assert cap.reserve(70)  # "a" is evictable again
+    assert removed == ["a"]
+
+
+def test_pinned_keys_are_skipped() -> None:
+    cap, removed = capacity(100, low=0.5)
+    for key in "abcde":
+        store(cap, key, 20)
+    assert cap.reserve(0, "a")  # pin the oldest
+    assert store(cap, "f", 20)
+    assert "a" not in removed
+    assert removed == ["b", "c", "d", "e"]  # 120 bytes down to 50: 70 to free, "a" spared
+
+
+def test_forget_and_add() -> None:
+    cap, _ = capacity(1000)
+    cap.add("x", 10)
+    cap.add("y", 20)
+    assert cap.forget("x") == 10
+    assert cap.forget("x") is None
+    cap.forget_many(["y", "z"])
+    assert (len(cap), cap.used) == (0, 0)
+
+
+def test_commit_of_known_key_replaces_its_size() -> None:
+    cap, _ = capacity(1000)
+    store(cap, "k", 10)
+    store(cap, "k", 30)
+    assert (len(cap), cap.used) == (1, 30)
+
+
+def test_enforce_after_scan() -> None:
+    cap, removed = capacity(100, low=0.5)
+    for i in range(15):
+        cap.add(f"k{i}", 10)
+    assert cap.enforce() == 10
+    assert removed == [f"k{i}" for i in range(10)]
+    assert cap.enforce() == 0
+
+
+def test_invalid_arguments() -> None:
+    with pytest.raises(ValueError):
+        LRUCapacity(0)
+    with pytest.raises(ValueError):
+        LRUCapacity(10, 1.0)
+    with pytest.raises(ValueError):
+        LRUCapacity(10).reserve(-1)
+
+
+def test_eviction_runs_outside_the_lock() -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def slow_remove(key: str) -> None:
+        started.set()
+        release.wait(5)
+
+    cap = LRUCapacity(100, 0.5, slow_remove)
+    for i in range(10):
+        assert cap.reserve(10, f"k{i}")
+        cap.commit(f"k{i}", 10)
+    writer = threading.Thread(target=lambda: cap.reserve(10, "new"))
+    writer.start()
+    assert started.wait(5)
+    cap.touch("k9")  # a read is not blocked by the eviction in flight
+    assert cap.evicting > 0
+    release.set()
+    writer.join(5)
+    assert not writer.is_alive()
+    assert cap.evicting == 0
+    assert cap.reserved == 10
+
+
+def test_bound_holds_under_concurrency() -> None:
+    """Simulate the disk: bytes land when a reservation is granted, leave when removed."""
+    limit = 10_000
+    disk_lock = threading.Lock()
+    sizes: dict[str, int] = {}
+    disk = [0, 0]  # current, peak
+
+    def remove(key: str) -> None:
+        with disk_lock:
+            disk[0] -= sizes.pop(key)
+
+    cap = LRUCapacity(limit, 0.8, remove)
+
+    def work(t: int) -> None:
+        for i in range(2000):
+            key, size = f"{t}-{i}", 1 + (i * 37 + t) % 500
+            if cap.reserve(size, key):
+                with disk_lock:  # the writer's temporary file appears
+                    sizes[key] = size
+                    disk[0] += size
+                    disk[1] = max(disk[1], disk[0])
+                if i % 7:
+                    cap.commit(key, size)
+                else:
+                    with disk_lock:  # a failed write removes its temporary file
+                        disk[0] -= sizes.pop(key)
+                    cap.abort(size, key)
+            if i % 5 == 0:
+                cap.touch(f"{t}-{i - 3}")
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert disk[1] <= limit
+    assert cap.used == disk[0] == sum(sizes.values())
+    assert cap.reserved == cap.evicting == 0
+    assert cap.stats()["evictions"] > 0
