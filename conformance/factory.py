@@ -1,0 +1,64 @@
+"""How the suite builds the backend under test: a picklable recipe, so child processes can too."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from hicache_storage.backend import StorageBackend
+from hicache_storage.config import Deployment, LayerConfig, read_source
+from hicache_storage.factory import create_backend
+from hicache_storage.registry import get_spec
+
+__all__ = ["BackendFactory"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendFactory:
+    """A registered backend name plus its options; calling it builds a fresh instance.
+
+    Every call opens a new instance over the *same* store, which is how the suite checks
+    persistence (close, then reopen) and sharing (another process opens its own instance).
+    Instances come wrapped in the default layers, exactly as users get them.
+
+    Attributes
+    ----------
+    name
+        Registered backend name.
+    options
+        The backend's options (anything :func:`~hicache_storage.create_backend` accepts, as a
+        plain mapping so the recipe pickles).
+    layers
+        Layer settings; the default stack unless a check needs another.
+    """
+
+    name: str
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    layers: LayerConfig = LayerConfig()
+
+    @classmethod
+    def from_source(cls, name: str, source: Any = None) -> BackendFactory:
+        """Build a recipe from a name and a config source (mapping, JSON or ``@path``)."""
+        return cls(name, read_source(source))
+
+    def __call__(self, layers: LayerConfig | None = None) -> StorageBackend:
+        """Open a new instance over the store."""
+        return create_backend(
+            self.name, self.options, deployment=Deployment(), layers=layers or self.layers
+        )
+
+    @property
+    def capabilities(self) -> Any:
+        """The capabilities an instance declares (opened once to ask)."""
+        with self() as backend:
+            return backend.capabilities
+
+    def version(self) -> str:
+        """Return the version of the distribution that provides the backend, if known."""
+        spec = get_spec(self.name)
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version(spec.distribution)
+        except PackageNotFoundError:
+            return "unknown"
