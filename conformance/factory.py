@@ -34,7 +34,7 @@ class BackendFactory:
 
     name: str
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    layers: LayerConfig = LayerConfig()
+    layers: LayerConfig = dataclasses.field(default_factory=LayerConfig)
 
     @classmethod
     def from_source(cls, name: str, source: Any = None) -> BackendFactory:

@@ -6,11 +6,12 @@ third-party ones are loaded the same way, from the ``hicache_storage.backends`` 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 if TYPE_CHECKING:
+    from .conformance.server import ServerControl
     from .registry import BackendSpec
 
 __all__ = ["PROJECT", "hookimpl", "hookspec"]
@@ -24,3 +25,15 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 @hookspec
 def hicache_backends() -> list[BackendSpec]:  # type: ignore[empty-body]
     """Return the backends this plugin provides."""
+
+
+@hookspec(firstresult=True)
+def hicache_conformance_server(name: str, options: dict[str, Any]) -> ServerControl | None:
+    """Return a handle that stops and restarts the server behind backend ``name``, or ``None``.
+
+    The conformance suite asks for it to check that, with the server down, every call answers a
+    miss within the backend's timeout, and that the backend recovers once the server is back.
+    ``options`` are the backend options under test. The handle has ``stop()`` and ``start()``
+    (see :class:`hicache_storage.conformance.server.ServerControl`); it may also carry a
+    ``timeout_s`` attribute, the longest a call may take while the server is down.
+    """

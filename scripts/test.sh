@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The third-party example package: tests/test_example_thirdparty.py needs its entry point.
+.venv/bin/python -m pip install -q -e examples/thirdparty --no-deps --no-build-isolation
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 bash scripts/typecheck.sh

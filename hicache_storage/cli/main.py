@@ -9,6 +9,7 @@ import click
 from ..errors import HiCacheError
 from .backends import backends_command
 from .bench import bench_command
+from .check import check_command
 
 __all__ = ["main"]
 
@@ -33,3 +34,4 @@ def main() -> None:
 
 main.add_command(backends_command)
 main.add_command(bench_command)
+main.add_command(check_command)

@@ -1,0 +1,205 @@
+"""The pytest plugin (``pytest11`` entry point ``hicache_storage``) that runs the suite.
+
+``pytest --hicache-backend file --hicache-config '{"root": "/tmp/kv"}'`` collects the conformance
+suite (and nothing else, unless test paths are given) against that backend. Options:
+
+``--hicache-backend NAME``   the registered backend under test; provides ``hicache_factory``.
+``--hicache-config SOURCE``  its options: JSON or ``@path``.
+``--hicache-report DIR``     write ``DIR/report.json`` and ``DIR/report.md``.
+``--hicache-profile NAME``   hypothesis profile of the model-based check: ``ci`` or ``nightly``.
+
+Importing this module is cheap: backends, torch and the suite load only when they are used.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from hicache_storage.conformance.factory import BackendFactory
+    from hicache_storage.conformance.report import CheckResult
+
+__all__ = [
+    "hicache_factory",
+    "pytest_addoption",
+    "pytest_configure",
+    "pytest_itemcollected",
+    "suite_path",
+]
+
+REQUIRES_MARKER = "hicache_requires"
+
+
+def suite_path() -> str:
+    """Return the file path of the suite module (found without importing it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("hicache_storage.conformance.suite")
+    if spec is None or spec.origin is None:  # pragma: no cover - the package is broken
+        raise RuntimeError("cannot locate hicache_storage.conformance.suite")
+    return spec.origin
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Add the ``hicache`` option group."""
+    group = parser.getgroup("hicache", "hicache-storage conformance suite")
+    group.addoption(
+        "--hicache-backend",
+        dest="hicache_backend",
+        default=None,
+        metavar="NAME",
+        help="run the conformance suite against this registered backend",
+    )
+    group.addoption(
+        "--hicache-config",
+        dest="hicache_config",
+        default=None,
+        metavar="JSON|@file",
+        help="options of the backend under test, as JSON or @path to a JSON file",
+    )
+    group.addoption(
+        "--hicache-report",
+        dest="hicache_report",
+        default=None,
+        metavar="DIR",
+        help="write report.json and report.md into DIR",
+    )
+    group.addoption(
+        "--hicache-profile",
+        dest="hicache_profile",
+        default="ci",
+        choices=("ci", "nightly"),
+        help="hypothesis profile of the model-based check (default: ci)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the marker; with ``--hicache-backend`` and no paths, collect only the suite."""
+    config.addinivalue_line(
+        "markers",
+        f"{REQUIRES_MARKER}(*capabilities): skip unless the backend under test claims them",
+    )
+    named_paths = config.args_source == pytest.Config.ArgsSource.ARGS
+    if config.getoption("hicache_backend", default=None) and not named_paths:
+        config.args[:] = [suite_path()]
+    if config.getoption("hicache_report", default=None):
+        config.pluginmanager.register(_Recorder(config), "hicache-report-recorder")
+
+
+@pytest.fixture(scope="session")
+def hicache_factory(pytestconfig: pytest.Config) -> BackendFactory:
+    """Return the backend under test, from ``--hicache-backend`` and ``--hicache-config``."""
+    name = pytestconfig.getoption("hicache_backend", default=None)
+    if not name:
+        pytest.fail(
+            "no backend under test: pass --hicache-backend NAME or define a hicache_factory "
+            "fixture returning a BackendFactory",
+            pytrace=False,
+        )
+    from hicache_storage.conformance.factory import BackendFactory
+
+    return BackendFactory.from_source(str(name), pytestconfig.getoption("hicache_config"))
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Remember the capabilities each check requires (for the report)."""
+    required: list[str] = []
+    for marker in item.iter_markers(REQUIRES_MARKER):
+        required.extend(str(name) for name in marker.args)
+    item.stash[_REQUIRES] = required
+
+
+_REQUIRES = pytest.StashKey[list[str]]()
+
+
+def _check_id(nodeid: str) -> str:
+    return nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        message = str(longrepr[2])
+    else:
+        message = str(longrepr)
+    return message.removeprefix("Skipped: ")
+
+
+def _first_line(report: pytest.TestReport) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = getattr(crash, "message", None) or str(report.longrepr)
+    lines = [line for line in str(text).splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+class _Recorder:
+    """Collects one row per check and writes the report when the session ends."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.rows: dict[str, CheckResult] = {}
+        self.requires: dict[str, list[str]] = {}
+        self.started = time.monotonic()
+
+    @pytest.hookimpl
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            self.requires[item.nodeid] = item.stash.get(_REQUIRES, [])
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        from hicache_storage.conformance.report import CheckResult
+
+        row = self.rows.get(report.nodeid)
+        if row is None:
+            row = self.rows[report.nodeid] = CheckResult(
+                id=_check_id(report.nodeid),
+                outcome="passed",
+                requires=list(self.requires.get(report.nodeid, [])),
+            )
+        row.duration_s += report.duration
+        if report.when == "call":
+            if report.skipped:
+                row.outcome, row.skip_reason = "skipped", _skip_reason(report)
+            elif report.failed:
+                row.outcome, row.message = "failed", _first_line(report)
+        elif report.skipped and report.when == "setup":
+            row.outcome, row.skip_reason = "skipped", _skip_reason(report)
+        elif report.failed and row.outcome not in ("failed", "error"):
+            row.outcome, row.message = "error", _first_line(report)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        from hicache_storage.conformance.report import Report, write_report
+
+        name = self.config.getoption("hicache_backend", default=None)
+        report = Report(
+            backend=str(name or "custom"),
+            version="unknown",
+            duration_s=time.monotonic() - self.started,
+            exit_status=int(exitstatus),
+            checks=list(self.rows.values()),
+        )
+        if name:
+            _describe(report, str(name), self.config.getoption("hicache_config"))
+        write_report(report, self.config.getoption("hicache_report"))
+
+
+def _describe(report: Any, name: str, source: Any) -> None:
+    """Fill in the backend's version, options and claimed capabilities."""
+    from hicache_storage.conformance.factory import BackendFactory
+    from hicache_storage.conformance.fixtures import capabilities_of
+
+    try:
+        factory = BackendFactory.from_source(name, source)
+        report.options = dict(factory.options)
+        report.version = factory.version()
+        caps = capabilities_of(factory)
+    except Exception as exc:  # noqa: BLE001 - a broken backend still gets a report
+        report.capabilities_error = f"{type(exc).__name__}: {exc}"
+        return
+    report.capabilities = caps.claimed()
+    report.max_value_size = caps.max_value_size

@@ -1,0 +1,83 @@
+"""``hicache check``: the suite's report as a table, with exit status 0 / 1 / 2."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+needs_example = pytest.mark.skipif(
+    importlib.util.find_spec("hicache_example_sqlite") is None,
+    reason="the example package is not installed (scripts/test.sh installs it)",
+)
+
+
+def _hicache(*args: str, cwd: Path, tmpdir: Path | None = None) -> subprocess.CompletedProcess[str]:
+    # A real process: the suite's own subprocess inherits file descriptors, not CliRunner's streams.
+    env = {**os.environ, "COLUMNS": "250"}  # wide enough that no check id wraps
+    if tmpdir is not None:
+        env["TMPDIR"] = str(tmpdir)
+    return subprocess.run(
+        [sys.executable, "-c", "from hicache_storage.cli import main; main()", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
+
+
+def test_check_without_arguments_runs_file_in_a_temp_dir(tmp_path: Path) -> None:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    result = _hicache("check", cwd=tmp_path, tmpdir=scratch)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "hicache check file" in result.stdout
+    assert "TestRoundTrip::test_roundtrip_get_matches_sha256" in result.stdout
+    assert "PASS file" in result.stdout
+    assert "claims: persistent" in result.stdout
+    assert "file backend options" not in result.stderr
+    # The file backend's temporary root and the report directory are gone.
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith("hicache-")]
+
+
+@needs_example
+def test_check_broken_backend_exits_1(tmp_path: Path) -> None:
+    result = _hicache("check", "example-broken", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "FAIL example-broken" in result.stdout
+    assert "failed" in result.stdout
+
+
+def test_check_report_dir_gets_json_and_markdown(tmp_path: Path) -> None:
+    report = tmp_path / "report"
+    result = _hicache("check", "memory", "--report", str(report), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    data = json.loads((report / "report.json").read_text())
+    assert data["backend"] == "memory"
+    assert data["totals"]["failed"] == 0 and data["totals"]["passed"] > 100
+    skipped = [c for c in data["checks"] if c["outcome"] == "skipped"]
+    assert skipped and all(c["skip_reason"] for c in skipped)
+    assert "# Conformance report: `memory`" in (report / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["no-such-backend"], id="unknown-backend"),
+        pytest.param(["memory", "--config", '{"bogus": 1}'], id="unknown-option"),
+        pytest.param(["memory", "--config", "{not json"], id="bad-json"),
+        pytest.param(["file", "--config", "@/nonexistent/config.json"], id="missing-file"),
+    ],
+)
+def test_check_usage_errors_exit_2(tmp_path: Path, args: list[str]) -> None:
+    result = _hicache("check", *args, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith("error: ")
+    assert "Traceback" not in result.stderr
