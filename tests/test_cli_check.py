@@ -11,10 +11,14 @@ from pathlib import Path
 
 import pytest
 
-needs_example = pytest.mark.skipif(
-    importlib.util.find_spec("hicache_example_sqlite") is None,
-    reason="the example package is not installed (scripts/test.sh installs it)",
-)
+
+@pytest.fixture
+def example_installed() -> None:
+    if importlib.util.find_spec("hicache_example_sqlite") is None:
+        pytest.fail("the example package is not installed (scripts/test.sh installs it)")
+
+
+needs_example = pytest.mark.usefixtures("example_installed")
 
 
 def _hicache(*args: str, cwd: Path, tmpdir: Path | None = None) -> subprocess.CompletedProcess[str]:

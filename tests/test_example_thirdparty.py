@@ -17,11 +17,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "thirdparty"
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("hicache_example_sqlite") is None,
-    reason="the example package is not installed: "
-    "pip install -e examples/thirdparty --no-deps (scripts/test.sh does)",
-)
+
+@pytest.fixture(autouse=True)
+def _example_installed() -> None:
+    if importlib.util.find_spec("hicache_example_sqlite") is None:
+        pytest.fail(
+            "the example package is not installed: "
+            "pip install -e examples/thirdparty --no-deps (scripts/test.sh does)"
+        )
 
 
 def _pytest(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
