@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 import msgspec
 from typing_extensions import Buffer
 
-from hicache_storage import BackendUnavailableError, Capabilities, Deployment, StorageBackend
-from hicache_storage.backend import copy_into
+from hicache_storage import BackendUnavailableError, Capabilities, Deployment
+from hicache_storage.backends.memory import MemoryBackend
 from hicache_storage.buffers import as_readable
 
 __all__ = [
@@ -47,48 +47,27 @@ class BrokenConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     store: str = ""
 
 
-class DictBackend(StorageBackend):
-    """A correct in-process dictionary backend; each subclass breaks one thing."""
+class DictBackend(MemoryBackend):
+    """The correct reference backend, optionally over a named shared store; subclasses break it."""
 
     name = "broken-base"
     capabilities = Capabilities(delete=True)
 
-    def __init__(self, config: BrokenConfig | None = None, deployment: Deployment | None = None):
+    def __init__(
+        self, config: BrokenConfig | None = None, deployment: Deployment | None = None
+    ) -> None:
         super().__init__()
-        self._lock = threading.Lock()
         store = (config or BrokenConfig()).store
         if store:
             with _STORES_LOCK:
                 self._data = _STORES.setdefault(store, {})
-        else:
-            self._data = {}
 
     def _lookup(self, key: str) -> bytes | None:
         with self._lock:
             return self._data.get(key)
 
-    def get(self, key: str, out: Buffer | None = None) -> Buffer | None:
-        value = self._lookup(key)
-        if value is None:
-            return None
-        return value if out is None else copy_into(value, out)
-
-    def exists(self, key: str) -> bool:
-        return self._lookup(key) is not None
-
-    def set(self, key: str, value: Buffer) -> bool:
-        data = bytes(as_readable(value))
-        with self._lock:
-            self._data.setdefault(key, data)
-        return True
-
-    def delete(self, key: str) -> bool:
-        with self._lock:
-            return self._data.pop(key, None) is not None
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
+    def _close(self) -> None:
+        """Keep the data: a named store outlives its instances (persistence across reopen)."""
 
 
 class Truncates(DictBackend):
