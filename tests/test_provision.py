@@ -1,0 +1,97 @@
+"""Local services start, answer, stop by PID, and survive a restart from another process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hicache_storage.conformance.provision import (
+    SERVICES_ENV,
+    LocalService,
+    ProcessSpec,
+    ServiceState,
+    free_port,
+    port_open,
+    publish,
+)
+from hicache_storage.conformance.server import ServerControl, find_server_control
+from hicache_storage.errors import BackendUnavailableError
+
+
+def http_service(tmp_path: Path, port: int) -> LocalService:
+    argv = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    state = ServiceState(
+        backend="memory",
+        options={"url": f"http://127.0.0.1:{port}"},
+        processes=[ProcessSpec(name="http", argv=argv, ports=[port])],
+        workdir=str(tmp_path / "svc"),
+        timeout_s=1.5,
+    )
+    return LocalService(state, tmp_path / "svc" / "state.json")
+
+
+def test_start_stop_by_pid(tmp_path: Path) -> None:
+    port = free_port()
+    service = http_service(tmp_path, port)
+    with service:
+        assert port_open(port) and service.running()
+        pid = service.state.processes[0].pid
+        assert pid is not None
+        assert LocalService.load(service.state_file).state.processes[0].pid == pid
+        assert isinstance(service, ServerControl) and service.timeout_s == 1.5
+    assert not port_open(port) and not service.running()
+    assert LocalService.load(service.state_file).state.processes[0].pid is None
+
+
+def test_restart_elsewhere_is_stopped_by_the_owner(tmp_path: Path) -> None:
+    port = free_port()
+    owner = http_service(tmp_path, port)
+    owner.start()
+    try:
+        script = (
+            "import sys; from hicache_storage.conformance.provision import LocalService;"
+            "s = LocalService.load(sys.argv[1]); s.stop(); s.start()"
+        )
+        subprocess.run([sys.executable, "-c", script, str(owner.state_file)], check=True)
+        restarted = LocalService.load(owner.state_file).state.processes[0].pid
+        assert restarted is not None and restarted != owner.state.processes[0].pid
+        assert port_open(port)
+    finally:
+        owner.stop()
+    assert not port_open(port)
+
+
+def test_published_service_is_the_server_control(tmp_path: Path) -> None:
+    port = free_port()
+    service = http_service(tmp_path, port)
+    service._save()
+    with publish(service):
+        found = find_server_control("memory", {"url": f"http://127.0.0.1:{port}", "x": 1})
+        assert isinstance(found, LocalService) and found.state_file == service.state_file
+        assert find_server_control("memory", {"url": "http://elsewhere"}) is None
+        assert find_server_control("file", {"url": f"http://127.0.0.1:{port}"}) is None
+    assert SERVICES_ENV not in __import__("os").environ
+
+
+def test_process_that_dies_reports_its_log(tmp_path: Path) -> None:
+    port = free_port()
+    argv = [sys.executable, "-c", "import sys; print('boom: bad flag'); sys.exit(3)"]
+    state = ServiceState(
+        backend="memory",
+        options={},
+        processes=[ProcessSpec(name="dies", argv=argv, ports=[port])],
+        workdir=str(tmp_path),
+        start_timeout_s=10,
+    )
+    service = LocalService(state, tmp_path / "state.json")
+    with pytest.raises(BackendUnavailableError, match="boom: bad flag"):
+        service.start()
+    service.stop()
+
+
+def test_free_port_leaves_offset_free() -> None:
+    port = free_port(also=(10000,))
+    assert not port_open(port) and not port_open(port + 10000)
