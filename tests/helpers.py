@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 
+from hicache_storage.conformance.report import Report
 from hicache_storage.hostpool import HostKVPool, MHAHostPool, MLAHostPool
 
 LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
@@ -30,3 +33,35 @@ def make_pool(kind: str, layout: str, pages: int = 8, page_size: int = 4) -> Hos
         layout=layout,
         pin_memory=False,
     )
+
+
+CAPABILITY_SKIP = re.compile(r"backend does not claim capability '(\w+)'")
+
+
+def assert_conforms(report: Report, *, server_faults: bool = False) -> None:
+    """Assert a suite report: nothing failed, and every skip is an unclaimed capability.
+
+    With ``server_faults`` the server-fault checks must have run and passed; without it they must
+    have been skipped for want of a server control.
+    """
+    assert report.totals["failed"] == 0 and report.totals["error"] == 0, report.failures()
+    assert report.totals["total"] == len(report.checks) > 100
+    claimed = set(report.capabilities)
+    faults = [check for check in report.checks if check.id.startswith("TestServerFaults::")]
+    assert faults
+    for check in report.checks:
+        unclaimed = [name for name in check.requires if name not in claimed]
+        if check.outcome == "skipped":
+            reason = check.skip_reason or ""
+            match = CAPABILITY_SKIP.fullmatch(reason)
+            if match:
+                assert match.group(1) in unclaimed, (check.id, reason)
+            else:
+                assert not server_faults and check in faults, (check.id, reason)
+                assert reason == (
+                    f"no server control for backend {report.backend} "
+                    "(provide the hicache_conformance_server hook)"
+                )
+        else:
+            assert check.outcome == "passed", check
+            assert not unclaimed, f"{check.id} ran although {unclaimed} is not claimed"

@@ -2,36 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-from hicache_storage.conformance.report import Report, load_report, run_suite
+from hicache_storage.conformance.report import load_report, run_suite
 
-CAPABILITY_SKIP = re.compile(r"backend does not claim capability '(\w+)'")
-
-
-def assert_conforms(report: Report) -> None:
-    assert report.totals["failed"] == 0 and report.totals["error"] == 0, report.failures()
-    assert report.totals["total"] == len(report.checks) > 100
-    claimed = set(report.capabilities)
-    for check in report.checks:
-        unclaimed = [name for name in check.requires if name not in claimed]
-        if check.outcome == "skipped":
-            reason = check.skip_reason or ""
-            match = CAPABILITY_SKIP.fullmatch(reason)
-            if match:
-                assert match.group(1) in unclaimed, (check.id, reason)
-            else:
-                assert check.id.startswith("TestServerFaults::"), (check.id, reason)
-                assert reason == (
-                    f"no server control for backend {report.backend} "
-                    "(provide the hicache_conformance_server hook)"
-                )
-        else:
-            assert check.outcome == "passed", check
-            assert not unclaimed, f"{check.id} ran although {unclaimed} is not claimed"
+from .helpers import assert_conforms
 
 
 @pytest.mark.parametrize(
