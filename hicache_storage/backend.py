@@ -194,7 +194,7 @@ class StorageBackend(abc.ABC):
         """
         pages = self.page_views(keys, host_indices)
         outs: list[memoryview] = [
-            views[0] if len(views) == 1 else memoryview(bytearray(self.host_pool.page_nbytes))
+            views[0] if len(views) == 1 else memoryview(bytearray(sum(map(len, views))))
             for views in pages
         ]
         hits = self.batch_get(keys, outs)

@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from .errors import ConfigError
-from .keys import RankSuffixScheme
+from .keys import KeyScheme, KeySchemeError, RankSuffixScheme, UnifiedPlan, plan_unified
 
 __all__ = [
     "ENV_PREFIX",
@@ -28,6 +28,7 @@ __all__ = [
     "FaultRule",
     "HiCacheConfig",
     "LayerConfig",
+    "UnifiedKeys",
     "convert",
     "env_overrides",
     "load_config",
@@ -55,6 +56,47 @@ class _Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     """Base of every config record: immutable, keyword-only, unknown fields refused."""
 
 
+class UnifiedKeys(_Config, frozen=True):
+    """What the unified key scheme needs to know beyond the rank's position (``docs/keys.md``).
+
+    Attributes
+    ----------
+    dtype
+        Logical KV element type (``bfloat16``, ``float8_e4m3fn``, ``float8_e5m2``, ...).
+    num_layers
+        Layers of the whole model.
+    model_id
+        The model; empty takes :attr:`Deployment.model_name`.
+    layer_start, layer_end
+        Absolute layers this pipeline stage holds, ``[layer_start, layer_end)``; the end
+        defaults to ``num_layers``.
+    layer_partition
+        Layers per object; every stage of every deployment sharing the store must start on
+        this grid. Default ``num_layers``.
+    local_kv_heads
+        KV heads in this rank's host pool (MHA/GQA; leave 0 for MLA).
+    total_kv_heads
+        KV heads of the model; default ``local_kv_heads * tp_size``.
+    head_group, tp_lcm_size
+        The fleet's head grid, one of the two (MHA only): KV heads per object, or the lcm of
+        every attention-TP size sharing the store.
+    object_layout
+        Byte order of the stored objects.
+    """
+
+    dtype: str
+    num_layers: int
+    model_id: str = ""
+    layer_start: int = 0
+    layer_end: int | None = None
+    layer_partition: int | None = None
+    local_kv_heads: int = 0
+    total_kv_heads: int | None = None
+    head_group: int | None = None
+    tp_lcm_size: int | None = None
+    object_layout: str = "page-unified-v1"
+
+
 class Deployment(_Config, frozen=True):
     """Facts about the serving deployment a backend instance belongs to.
 
@@ -69,7 +111,10 @@ class Deployment(_Config, frozen=True):
     page_size
         Tokens per KV page.
     key_scheme
-        How keys are derived from page hashes (``"rank_suffix"``).
+        How keys are derived from page hashes: ``"rank_suffix"`` (default; one object per page
+        and rank) or ``"unified"`` (objects named by what they hold; needs :attr:`unified`).
+    unified
+        The unified scheme's settings.
     """
 
     model_name: str = ""
@@ -81,12 +126,15 @@ class Deployment(_Config, frozen=True):
     cp_size: int = 1
     is_mla: bool = False
     page_size: int = 64
-    key_scheme: Literal["rank_suffix"] = "rank_suffix"
+    key_scheme: Literal["rank_suffix", "unified"] = "rank_suffix"
+    unified: UnifiedKeys | None = None
 
     def __post_init__(self) -> None:
         if self.page_size <= 0:
             raise ValueError(f"page_size must be positive, got {self.page_size}")
         self.rank_suffix()
+        if self.key_scheme == "unified":
+            self.unified_plan()
 
     def rank_suffix(self) -> RankSuffixScheme:
         """Return this rank's rank-suffix key scheme (validates ranks against sizes)."""
@@ -100,6 +148,45 @@ class Deployment(_Config, frozen=True):
             cp_size=self.cp_size,
             is_mla=self.is_mla,
         )
+
+    def unified_plan(self) -> UnifiedPlan:
+        """Return this rank's unified-scheme plan.
+
+        Raises
+        ------
+        KeySchemeError
+            If :attr:`unified` is unset or the rank's shard does not tile the grid.
+        UnsupportedOperationError
+            With context parallelism.
+        """
+        settings = self.unified
+        if settings is None:
+            raise KeySchemeError(
+                "key_scheme 'unified' needs deployment.unified settings: at least dtype and "
+                "num_layers, plus local_kv_heads and head_group or tp_lcm_size for MHA models"
+            )
+        end = settings.num_layers if settings.layer_end is None else settings.layer_end
+        return plan_unified(
+            model_id=settings.model_id or self.model_name,
+            dtype=settings.dtype,
+            page_size=self.page_size,
+            num_layers=settings.num_layers,
+            layer_range=(settings.layer_start, end),
+            layer_partition=settings.layer_partition,
+            tp_rank=self.tp_rank,
+            tp_size=self.tp_size,
+            local_kv_heads=settings.local_kv_heads,
+            total_kv_heads=settings.total_kv_heads,
+            head_group=settings.head_group,
+            tp_lcm_size=settings.tp_lcm_size,
+            is_mla=self.is_mla,
+            cp_size=self.cp_size,
+            object_layout=settings.object_layout,
+        )
+
+    def scheme(self) -> KeyScheme:
+        """Return the key scheme this deployment uses (see :attr:`key_scheme`)."""
+        return self.unified_plan() if self.key_scheme == "unified" else self.rank_suffix()
 
 
 class FaultRule(_Config, frozen=True):

@@ -18,3 +18,14 @@ def test_quickstart_round_trips(tmp_path: Path) -> None:
         check=True,
     )
     assert "prefix hit: 6/6 pages, loaded: True, identical: True" in result.stdout
+
+
+def test_mixed_tp_fleet_shares_objects(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "mixed_tp_fleet.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert "TP1 loaded 8/8 objects, identical to the TP2 ranks' KV: True" in result.stdout

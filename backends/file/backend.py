@@ -239,7 +239,7 @@ class FileBackend(StorageBackend):
             crash_safe_writes=True,
         )
         self._owns: Callable[[str], bool] = (
-            self.deployment.rank_suffix().owns if config.ownership == "rank" else _owns_everything
+            self.deployment.scheme().owns if config.ownership == "rank" else _owns_everything
         )
         self._fsync = config.fsync
         self._fanout = config.fanout

@@ -11,6 +11,7 @@ from hicache_storage.hostpool.layout import (
     mla_page_shape,
 )
 from hicache_storage.hostpool.pool import HostKVPool, MHAHostPool, MLAHostPool
+from hicache_storage.hostpool.unified import UnifiedObjectPool
 
 __all__ = [
     "HostKVPool",
@@ -18,6 +19,7 @@ __all__ = [
     "MHAHostPool",
     "MLAHostPool",
     "PageAllocator",
+    "UnifiedObjectPool",
     "mha_buffer_shape",
     "mha_page_shape",
     "mla_buffer_shape",

@@ -1,4 +1,4 @@
-"""Page hashing, the key rule and the default rank-suffix key scheme."""
+"""Page hashing, the key rule and the two key schemes: rank-suffix (default) and unified."""
 
 from __future__ import annotations
 
@@ -10,16 +10,36 @@ from hicache_storage.keys.hashing import (
     page_hashes,
 )
 from hicache_storage.keys.rank_suffix import RankSuffixScheme, sanitize_model_name
+from hicache_storage.keys.scheme import KeyScheme
+from hicache_storage.keys.unified import (
+    OBJECT_LAYOUTS,
+    KeySchemeError,
+    KVNamespace,
+    UnifiedObject,
+    UnifiedPlan,
+    lcm_of,
+    logical_dtype,
+    plan_unified,
+)
 from hicache_storage.keys.validation import MAX_KEY_LENGTH, validate_key, validate_keys
 
 __all__ = [
     "HASH_ALGORITHM",
     "MAX_KEY_LENGTH",
+    "OBJECT_LAYOUTS",
+    "KVNamespace",
+    "KeyScheme",
+    "KeySchemeError",
     "RankSuffixScheme",
+    "UnifiedObject",
+    "UnifiedPlan",
     "chain_hashes",
     "hash_page",
+    "lcm_of",
+    "logical_dtype",
     "namespace_seed",
     "page_hashes",
+    "plan_unified",
     "sanitize_model_name",
     "validate_key",
     "validate_keys",

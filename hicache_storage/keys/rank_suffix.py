@@ -100,6 +100,11 @@ class RankSuffixScheme:
         return self._suffix
 
     @property
+    def keys_per_page(self) -> int:
+        """One object per page and rank."""
+        return 1
+
+    @property
     def is_writer(self) -> bool:
         """Whether this rank writes pages: always for MHA, only TP rank 0 for MLA.
 
