@@ -14,6 +14,7 @@ import concurrent.futures
 import contextlib
 import functools
 import gc
+import hashlib
 import itertools
 import multiprocessing
 import os
@@ -62,7 +63,8 @@ from hicache_storage.errors import (
     PoolNotRegisteredError,
     UnsupportedOperationError,
 )
-from hicache_storage.hostpool import HostKVPool, MHAHostPool, MLAHostPool
+from hicache_storage.hostpool import HostKVPool, MHAHostPool, MLAHostPool, UnifiedObjectPool
+from hicache_storage.keys import plan_unified
 
 __all__ = [
     *_fixtures.__all__,
@@ -73,6 +75,7 @@ __all__ = [
     "TestBatch",
     "TestPrefix",
     "TestZeroCopy",
+    "TestUnifiedObjects",
     "TestBufferSize",
     "TestBadInput",
     "TestLifecycle",
@@ -127,13 +130,17 @@ def _leading_run(hits: Sequence[bool]) -> int:
     return next((i for i, hit in enumerate(hits) if not hit), len(hits))
 
 
-def _pool(kind: str, layout: str, pages: int = 8, page_size: int = 4) -> HostKVPool:
+def _pool(
+    kind: str, layout: str, pages: int = 8, page_size: int = 4, layers: int = 2
+) -> HostKVPool:
     size = pages * page_size
     if kind == "mha":
         return MHAHostPool(
-            size, page_size, 2, 2, 8, dtype=torch.float16, layout=layout, pin_memory=False
+            size, page_size, layers, 2, 8, dtype=torch.float16, layout=layout, pin_memory=False
         )
-    return MLAHostPool(size, page_size, 2, 16, dtype=torch.float16, layout=layout, pin_memory=False)
+    return MLAHostPool(
+        size, page_size, layers, 16, dtype=torch.float16, layout=layout, pin_memory=False
+    )
 
 
 def _raw(pool: HostKVPool) -> torch.Tensor:
@@ -540,6 +547,55 @@ class TestZeroCopy:
             backend.batch_set_v1([k("a")], indices)
         assert backend.exists(k("a")) is False
         assert bool((_raw(pool) == SENTINEL).all())
+
+
+class TestUnifiedObjects:
+    """Unified-scheme objects (several per page, of two sizes, in many spans) move intact."""
+
+    @pytest.mark.parametrize(("kind", "layout"), POOL_CASES)
+    def test_unified_objects_move_between_layouts(
+        self, backend: StorageBackend, k: Keyspace, kind: str, layout: str
+    ) -> None:
+        plan = plan_unified(
+            model_id="conformance",
+            dtype="float16",
+            page_size=4,
+            num_layers=3,
+            layer_partition=2,
+            is_mla=kind == "mla",
+            local_kv_heads=0 if kind == "mla" else 2,
+            head_group=None if kind == "mla" else 1,
+        )
+        layouts = ["layer_first", "page_first", "page_first_direct"]
+        other = layouts[(layouts.index(layout) + 1) % 3]
+        source = UnifiedObjectPool(_pool(kind, layout, layers=3), plan)
+        _random_fill(source.pool, seed=5)
+        target = UnifiedObjectPool(_pool(kind, other, layers=3), plan)
+        _sentinel_fill(target.pool)
+        hashes = [hashlib.sha256(k(f"unified{i}").encode()).hexdigest() for i in range(2)]
+        keys = plan.keys(hashes)
+        k.used.update(keys)
+        count = len(keys)
+        backend.register_host_pool(source)
+        assert (
+            backend.batch_set_v1(keys, source.object_indices(_indices(source.pool, [1, 6])))
+            == [True] * count
+        )
+        backend.register_host_pool(target)
+        got = backend.batch_get_v1(keys, target.object_indices(_indices(target.pool, [3, 0])))
+        assert got == [True] * count
+        for src_page, dst_page in [(1, 3), (6, 0)]:
+            src = source.object_indices(_indices(source.pool, [src_page]))
+            dst = target.object_indices(_indices(target.pool, [dst_page]))
+            for a, b in zip(src[::4].tolist(), dst[::4].tolist(), strict=True):
+                n = source.object_nbytes((a // 4) % plan.keys_per_page)
+                want, have = bytearray(n), bytearray(n)
+                source.read_object(a, want)
+                target.read_object(b, have)
+                assert have == want, "a unified object arrived with different bytes"
+        untouched = [p for p in range(target.pool.num_pages) if p not in (3, 0)]
+        rest = target.page_buffer_views(target.object_indices(_indices(target.pool, untouched)))
+        assert all(set(bytes(v)) <= {SENTINEL} for spans in rest for v in spans)
 
 
 class TestBufferSize:
