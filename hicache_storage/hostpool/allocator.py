@@ -12,6 +12,7 @@ import threading
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from hicache_storage.errors import AllocatorError, HostPoolError, IndexAlignmentError
@@ -19,8 +20,8 @@ from hicache_storage.errors import AllocatorError, HostPoolError, IndexAlignment
 __all__ = ["PageAllocator", "page_ids"]
 
 
-def _index_tensor(host_indices: torch.Tensor | Sequence[int]) -> torch.Tensor:
-    """Return host indices as a 1-D int64 CPU tensor, rejecting anything but integers."""
+def _index_array(host_indices: torch.Tensor | Sequence[int]) -> npt.NDArray[np.int64]:
+    """Return host indices as a 1-D int64 numpy array, rejecting anything but integers."""
     if isinstance(host_indices, torch.Tensor):
         dtype: object = host_indices.dtype
         shape = tuple(host_indices.shape)
@@ -29,6 +30,7 @@ def _index_tensor(host_indices: torch.Tensor | Sequence[int]) -> torch.Tensor:
             or host_indices.is_complex()
             or host_indices.dtype == torch.bool
         )
+        array = host_indices.detach().cpu().numpy() if integer and len(shape) == 1 else None
     else:
         try:
             array = np.asarray(host_indices)
@@ -37,14 +39,12 @@ def _index_tensor(host_indices: torch.Tensor | Sequence[int]) -> torch.Tensor:
             raise IndexAlignmentError(message) from exc
         dtype, shape = array.dtype, array.shape
         integer = array.dtype.kind in "iu" or array.size == 0
-    if len(shape) != 1 or not integer:
+    if len(shape) != 1 or not integer or array is None:
         raise IndexAlignmentError(
             f"host indices must be a 1-D integer tensor or sequence of ints, "
             f"got dtype {dtype} with shape {shape}"
         )
-    if isinstance(host_indices, torch.Tensor):
-        return host_indices.detach().to("cpu", torch.int64)
-    return torch.from_numpy(array.astype(np.int64))
+    return array.astype(np.int64, copy=False)
 
 
 def page_ids(host_indices: torch.Tensor | Sequence[int], page_size: int, size: int) -> torch.Tensor:
@@ -68,30 +68,29 @@ def page_ids(host_indices: torch.Tensor | Sequence[int], page_size: int, size: i
     IndexAlignmentError
         If the indices are not integers, or do not describe whole, aligned, in-range pages.
     """
-    indices = _index_tensor(host_indices)
-    if indices.numel() % page_size:
+    indices = _index_array(host_indices)
+    if indices.size % page_size:
         raise IndexAlignmentError(
-            f"got {indices.numel()} host indices, not a multiple of page_size ({page_size}); "
+            f"got {indices.size} host indices, not a multiple of page_size ({page_size}); "
             f"pass page_size indices per page"
         )
-    pages = indices.view(-1, page_size)
+    pages = indices.reshape(-1, page_size)
     starts = pages[:, 0]
-    bad = torch.nonzero((starts % page_size != 0) | (starts < 0) | (starts >= size))
-    if bad.numel():
-        i = int(bad[0, 0])
+    bad = np.flatnonzero((starts % page_size != 0) | (starts < 0) | (starts >= size))
+    if bad.size:
+        i = int(bad[0])
         raise IndexAlignmentError(
             f"page {i} starts at token {int(starts[i])}, which is not a multiple of page_size "
             f"({page_size}) in [0, {size})"
         )
-    offsets = torch.arange(page_size, dtype=torch.int64)
-    broken = torch.nonzero(((pages - starts[:, None]) != offsets).any(dim=1))
-    if broken.numel():
-        i = int(broken[0, 0])
+    broken = np.flatnonzero((pages - starts[:, None] != np.arange(page_size)).any(axis=1))
+    if broken.size:
+        i = int(broken[0])
         raise IndexAlignmentError(
             f"page {i} starting at token {int(starts[i])} is not {page_size} consecutive "
             f"indices: got {pages[i].tolist()}"
         )
-    return starts // page_size
+    return torch.from_numpy(starts // page_size)
 
 
 class PageAllocator:
