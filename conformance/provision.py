@@ -120,7 +120,11 @@ def wait_port(port: int, deadline: float, host: str = "127.0.0.1") -> None:
 
 
 def _alive(pid: int) -> bool:
-    """Return whether ``pid`` runs and is not a zombie."""
+    """Return whether ``pid`` runs: exists and is not a zombie whose threads have all exited.
+
+    The main thread of a multi-threaded server turns zombie before its other threads have
+    exited, and the process keeps its sockets open until the last one has.
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -129,9 +133,10 @@ def _alive(pid: int) -> bool:
         return True
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
+        threads = len(os.listdir(f"/proc/{pid}/task"))
     except OSError:
         return True
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z" or threads > 1
 
 
 def _runs(process: ProcessSpec) -> bool:
@@ -234,7 +239,11 @@ class LocalService:
         self._save()
 
     def __enter__(self) -> Self:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def __exit__(
@@ -283,10 +292,12 @@ class LocalService:
     def _reap(self, pid: int) -> bool:
         """Return whether ``pid`` still runs, collecting it if it is our exited child."""
         child = _CHILDREN.get(pid)
-        if child is not None and child.poll() is not None:
-            del _CHILDREN[pid]
-            return False
-        return _alive(pid)
+        if child is None:
+            return _alive(pid)
+        if child.poll() is None:
+            return True
+        del _CHILDREN[pid]
+        return False
 
     def _tail(self, name: str, lines: int = 20) -> str:
         try:

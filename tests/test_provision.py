@@ -92,6 +92,22 @@ def test_process_that_dies_reports_its_log(tmp_path: Path) -> None:
     service.stop()
 
 
+def test_failed_start_in_a_with_block_stops_what_it_started(tmp_path: Path) -> None:
+    port, closed = free_port(), free_port()
+    argv = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    state = ServiceState(
+        backend="memory",
+        options={},
+        processes=[ProcessSpec(name="http", argv=argv, ports=[port, closed])],
+        workdir=str(tmp_path),
+        start_timeout_s=2,
+    )
+    service = LocalService(state, tmp_path / "state.json")
+    with pytest.raises(BackendUnavailableError, match=f"did not open port {closed}"), service:
+        pass
+    assert not port_open(port) and not service.running()
+
+
 def test_free_port_leaves_offset_free() -> None:
     port = free_port(also=(10000,))
     assert not port_open(port) and not port_open(port + 10000)
