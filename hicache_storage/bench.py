@@ -8,6 +8,11 @@ interleaved per repeat so both see the same state of the store. Every value read
 with what was written: a benchmark of wrong answers is worthless, so wrong bytes or misses raise
 :class:`BenchError`.
 
+With ``mode="v1"`` it times the zero-copy calls instead: ``batch_set_v1`` / ``batch_get_v1`` on
+the pages of a registered MHA host pool against the baseline's ``batch_write_v1`` /
+``batch_read_v1`` on the same pages (a baseline offers that mode by also defining
+``register_host_pool``), every loaded page checked against the bytes written.
+
 It also times :func:`~hicache_storage.keys.page_hashes` against one unchained ``hashlib.sha256``
 call per page over the same bytes.
 
@@ -23,7 +28,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import msgspec
 import numpy as np
@@ -204,6 +209,8 @@ class BenchReport(msgspec.Struct, frozen=True, kw_only=True):
         Page-hash throughput.
     set_ratio, get_ratio
         Geometric mean over page sizes of the per-size ratios, or ``None`` without a baseline.
+    mode
+        ``copy`` (``batch_set``/``batch_get``) or ``v1:<layout>`` (the zero-copy calls).
     """
 
     backend: str
@@ -215,6 +222,7 @@ class BenchReport(msgspec.Struct, frozen=True, kw_only=True):
     hashing: HashStats
     set_ratio: float | None
     get_ratio: float | None
+    mode: str = "copy"
 
 
 # -- sizes --------------------------------------------------------------------------------------
@@ -513,6 +521,139 @@ def _bench_page_size(
     return bench.stats(cleanup)
 
 
+V1_LAYERS = 4
+V1_TOKENS = 16
+_V1_UNIT = 2 * V1_LAYERS * V1_TOKENS * 2
+"""A v1 page is an MHA page of V1_TOKENS tokens, V1_LAYERS layers, one bf16 head: page sizes
+must be multiples of this many bytes (the head dimension makes up the rest)."""
+_V1_CALLS = ("register_host_pool", "batch_write_v1", "batch_read_v1")
+
+
+def _v1_pool(page_size: int, pages: int, layout: str) -> Any:
+    from .hostpool import MHAHostPool
+
+    if page_size % _V1_UNIT:
+        raise ConfigError(
+            f"v1 page sizes must be multiples of {_V1_UNIT} bytes ({V1_TOKENS} tokens x "
+            f"{V1_LAYERS} layers x K/V x bf16), got {page_size}"
+        )
+    return MHAHostPool(
+        pages * V1_TOKENS,
+        V1_TOKENS,
+        V1_LAYERS,
+        1,
+        page_size // _V1_UNIT,
+        layout=layout,
+        pin_memory=False,
+    )
+
+
+def _bench_page_size_v1(
+    name: str,
+    options: msgspec.Struct,
+    baseline_type: Any,
+    page_size: int,
+    *,
+    batch_size: int,
+    batches: int,
+    repeat: int,
+    run_id: str,
+    layout: str,
+    progress: Progress,
+) -> PageSizeStats:
+    import torch
+
+    pages = batch_size * batches
+    pool = _v1_pool(page_size, pages, layout)
+    grid = pool.kv_buffer.view(-1).view(torch.uint8)
+    gen = torch.Generator().manual_seed(int(run_id, 16) % (1 << 31))
+    grid.copy_(torch.randint(0, 256, grid.shape, dtype=torch.uint8, generator=gen))
+    expected = grid.clone()
+    label = f"{name} v1 {format_size(page_size)}"
+    parts = [list(range(b * batch_size, (b + 1) * batch_size)) for b in range(batches)]
+    indices = [
+        [t for p in part for t in range(p * V1_TOKENS, (p + 1) * V1_TOKENS)] for part in parts
+    ]
+    timers = {op: _Timer(op) for op in ("set", "exists", "get", "raw_write", "raw_read")}
+    nbytes = batch_size * page_size
+    written: list[str] = []
+    verified = 0
+
+    def blank(index: list[int]) -> None:
+        for views in pool.page_buffer_views(index):
+            for view in views:
+                np.frombuffer(view, dtype=np.uint8).fill(0)
+
+    def check(who: str, hits: Sequence[bool], n: int) -> int:
+        if not all(hits):
+            raise BenchError(f"{who} missed {hits.count(False)} of {n} pages it had just stored")
+        if not torch.equal(grid, expected):
+            raise BenchError(f"{who} loaded wrong bytes into the host pool")
+        return n
+
+    backend = create_backend(name, options)
+    baseline = None
+    try:
+        if baseline_type is not None:
+            baseline = baseline_type(options, Deployment())
+            if not all(hasattr(baseline, call) for call in _V1_CALLS):
+                raise ConfigError(f"the raw baseline of {name!r} has no v1 mode")
+            baseline.register_host_pool(pool)
+        backend.register_host_pool(pool)
+        for rep in range(repeat):
+            keys = [[f"bench-{run_id}-v1-{page_size}-{rep}-{p}" for p in part] for part in parts]
+            names = [[f"raw-{run_id}-v1-{page_size}-{rep}-{p}" for p in part] for part in parts]
+            where = f"{label}: repeat {rep + 1}/{repeat}"
+            progress(f"{where}: write")
+            for b, index in enumerate(indices):
+                steps = [("set", backend.batch_set_v1, keys[b])]
+                if baseline is not None:
+                    steps.append(("raw_write", baseline.batch_write_v1, names[b]))
+                for op, call, ks in steps if (rep + b) % 2 == 0 else steps[::-1]:
+                    stored = timers[op].measure(len(ks), nbytes, call, ks, index)
+                    if op == "set":
+                        written.extend(ks)
+                        if not all(stored):
+                            raise BenchError(f"backend {name!r} failed to store v1 pages")
+            progress(f"{where}: exists")
+            for ks in keys:
+                found = timers["exists"].measure(len(ks), 0, backend.batch_exists, ks)
+                if found != len(ks):
+                    raise BenchError(f"backend {name!r} reports {found} of {len(ks)} pages exist")
+            progress(f"{where}: read")
+            for b, index in enumerate(indices):
+                steps = [("get", backend.batch_get_v1, keys[b])]
+                if baseline is not None:
+                    steps.append(("raw_read", baseline.batch_read_v1, names[b]))
+                for op, call, ks in steps if (rep + b) % 2 == 0 else steps[::-1]:
+                    blank(index)
+                    hits = timers[op].measure(len(ks), nbytes, call, ks, index)
+                    who = f"backend {name!r}" if op == "get" else f"the raw baseline of {name!r}"
+                    verified += check(who, [True] * len(ks) if hits is None else hits, len(ks))
+        cleanup = _cleanup(backend, written)
+    finally:
+        try:
+            if baseline is not None:
+                baseline.close()
+        finally:
+            backend.close()
+    set_stats, get_stats = timers["set"].stats(), timers["get"].stats()
+    raw_write = timers["raw_write"].stats() if baseline is not None else None
+    raw_read = timers["raw_read"].stats() if baseline is not None else None
+    return PageSizeStats(
+        page_size=page_size,
+        set=set_stats,
+        exists=timers["exists"].stats(moves_bytes=False),
+        get=get_stats,
+        raw_write=raw_write,
+        raw_read=raw_read,
+        set_ratio=_ratio(set_stats, raw_write),
+        get_ratio=_ratio(get_stats, raw_read),
+        verified=verified,
+        cleanup=cleanup,
+    )
+
+
 def bench_hashing(
     *, tokens: int = 1_000_000, page_tokens: int = 64, repeat: int = 3, seed: int | None = None
 ) -> HashStats:
@@ -588,6 +729,8 @@ def run_bench(
     progress: Progress | None = None,
     hash_tokens: int = 1_000_000,
     hash_page_tokens: int = 64,
+    mode: Literal["copy", "v1"] = "copy",
+    layout: str = "page_first",
 ) -> BenchReport:
     """Benchmark backend ``name`` against its raw baseline at each page size.
 
@@ -609,6 +752,13 @@ def run_bench(
         Called with a short line before each phase.
     hash_tokens, hash_page_tokens
         Size of the page-hashing measurement.
+    mode
+        ``"copy"``: ``batch_set``/``batch_get`` on caller buffers. ``"v1"``: the zero-copy
+        ``batch_set_v1``/``batch_get_v1`` on a registered MHA host pool of ``layout``, beside
+        the baseline's v1 mode on the same page buffers.
+    layout
+        Host-pool layout of the v1 mode (``layer_first``, ``page_first``,
+        ``page_first_direct``).
 
     Raises
     ------
@@ -640,21 +790,40 @@ def run_bench(
     run_id = secrets.token_hex(6)
     rng = np.random.default_rng()
 
-    results = [
-        _bench_page_size(
-            name,
-            struct,
-            baseline_type,
-            size,
-            batch_size=batch_size,
-            batches=batches,
-            repeat=repeat,
-            run_id=run_id,
-            rng=rng,
-            progress=report,
-        )
-        for size in page_sizes
-    ]
+    if mode not in ("copy", "v1"):
+        raise ConfigError(f"mode must be 'copy' or 'v1', got {mode!r}")
+    if mode == "v1":
+        results = [
+            _bench_page_size_v1(
+                name,
+                struct,
+                baseline_type,
+                size,
+                batch_size=batch_size,
+                batches=batches,
+                repeat=repeat,
+                run_id=run_id,
+                layout=layout,
+                progress=report,
+            )
+            for size in page_sizes
+        ]
+    else:
+        results = [
+            _bench_page_size(
+                name,
+                struct,
+                baseline_type,
+                size,
+                batch_size=batch_size,
+                batches=batches,
+                repeat=repeat,
+                run_id=run_id,
+                rng=rng,
+                progress=report,
+            )
+            for size in page_sizes
+        ]
     report(f"page hashing: {hash_tokens} tokens in {hash_page_tokens}-token pages")
     hashing = bench_hashing(tokens=hash_tokens, page_tokens=hash_page_tokens, repeat=repeat)
     return BenchReport(
@@ -667,4 +836,5 @@ def run_bench(
         hashing=hashing,
         set_ratio=_geomean([r.set_ratio for r in results]),
         get_ratio=_geomean([r.get_ratio for r in results]),
+        mode="copy" if mode == "copy" else f"v1:{layout}",
     )

@@ -23,6 +23,7 @@ from .keys import KeyScheme, KeySchemeError, RankSuffixScheme, UnifiedPlan, plan
 __all__ = [
     "ENV_PREFIX",
     "OPERATIONS",
+    "RESERVED_ENV",
     "Deployment",
     "FaultConfig",
     "FaultRule",
@@ -36,6 +37,8 @@ __all__ = [
 ]
 
 ENV_PREFIX = "HICACHE_"
+RESERVED_ENV = frozenset({"HICACHE_CONFIG", "HICACHE_SERVICES"})
+"""``HICACHE_*`` names that are not config overrides: the config source and the test services."""
 
 OPERATIONS = (
     "get",
@@ -331,7 +334,7 @@ def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     """Collect ``HICACHE_*`` variables into a nested mapping (``__`` separates levels)."""
     nested: dict[str, Any] = {}
     for name, raw in sorted(env.items()):
-        if not name.startswith(ENV_PREFIX) or name == f"{ENV_PREFIX}CONFIG":
+        if not name.startswith(ENV_PREFIX) or name in RESERVED_ENV:
             continue
         path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
         try:

@@ -96,3 +96,11 @@ def test_deployment_key_scheme() -> None:
     scheme = Deployment(model_name="org/model", tp_rank=1, tp_size=2).rank_suffix()
     assert scheme.key("a" * 64).endswith("_1_2")
     assert "/" not in scheme.key("a" * 64)
+
+
+def test_reserved_environment_names_are_not_fields() -> None:
+    config = load_config(
+        {"backend": "memory"},
+        env={"HICACHE_SERVICES": "/tmp/a.json:/tmp/b.json", "HICACHE_LAYERS__METRICS": "false"},
+    )
+    assert config.backend == "memory" and config.layers.metrics is False

@@ -29,11 +29,8 @@ SENTINEL = 0x5A
 StoreFactory = Callable[[Deployment], StorageBackend]
 
 
-@pytest.fixture(params=["file"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
-    """Backends of one shared store, one per simulated rank."""
-    name = str(request.param)
-    options: dict[str, Any] = {"root": str(tmp_path / "store")}
+def shared_store(name: str, options: dict[str, Any]) -> Iterator[StoreFactory]:
+    """Yield a factory of backends ``name`` over one store (one per rank); close them after."""
     built: list[StorageBackend] = []
 
     def make(deployment: Deployment) -> StorageBackend:
@@ -44,6 +41,13 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFacto
     yield make
     for backend in built:
         backend.close()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[StoreFactory]:
+    """Backends of one shared store. The networked backends' test folders override this fixture
+    and import the tests below, so every backend runs them against its real server."""
+    yield from shared_store("file", {"root": str(tmp_path / "store")})
 
 
 def deployment(

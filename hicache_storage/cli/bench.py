@@ -48,9 +48,10 @@ def render(report: BenchReport, console: Console) -> None:
     """Print ``report`` as a table and a one-line summary."""
     from rich.table import Table
 
+    mode = "" if report.mode == "copy" else f" ({report.mode})"
     table = Table(
         title=(
-            f"hicache bench {report.backend}: {report.batch_size} keys/batch, "
+            f"hicache bench {report.backend}{mode}: {report.batch_size} keys/batch, "
             f"{report.batches} batches, {report.repeat} repeats"
         ),
         caption=(
@@ -117,6 +118,19 @@ def render(report: BenchReport, console: Console) -> None:
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--batches", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option(
+    "--v1",
+    "v1",
+    is_flag=True,
+    help="Time the zero-copy batch_set_v1/batch_get_v1 on a registered host pool instead.",
+)
+@click.option(
+    "--layout",
+    type=click.Choice(["layer_first", "page_first", "page_first_direct"]),
+    default="page_first",
+    show_default=True,
+    help="Host-pool layout of the --v1 mode.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report on stdout.")
 def bench_command(
     backend: str,
@@ -125,12 +139,16 @@ def bench_command(
     batch_size: int,
     batches: int,
     repeat: int,
+    v1: bool,
+    layout: str,
     as_json: bool,
 ) -> None:
     """Benchmark BACKEND against its raw baseline (set/exists/get vs plain write/read).
 
     Every value read back is checked byte for byte; wrong bytes abort the run. Without
     --config, the file backend runs in a fresh temporary directory that is removed afterwards.
+    With --v1, pages of a registered MHA host pool move through the zero-copy calls, beside the
+    baseline's raw calls on the same page buffers.
     """
     from rich.console import Console
 
@@ -148,6 +166,8 @@ def bench_command(
             batches=batches,
             repeat=repeat,
             progress=lambda line: status.update(line),
+            mode="v1" if v1 else "copy",
+            layout=layout,
         )
     if as_json:
         click.echo(msgspec.json.encode(report).decode())

@@ -10,6 +10,7 @@ from ..errors import HiCacheError
 from .backends import backends_command
 from .bench import bench_command
 from .check import check_command
+from .metadata_server import metadata_server_command
 
 __all__ = ["main"]
 
@@ -35,3 +36,4 @@ def main() -> None:
 main.add_command(backends_command)
 main.add_command(bench_command)
 main.add_command(check_command)
+main.add_command(metadata_server_command)

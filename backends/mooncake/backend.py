@@ -1,0 +1,561 @@
+"""The Mooncake store backend: KV pages in a Mooncake distributed store, moved zero-copy.
+
+Keys
+    ``<prefix><key>``; ``clear()`` removes exactly the keys under a non-empty prefix
+    (``remove_by_regex`` on the escaped prefix).
+
+Zero-copy (``batch_set_v1`` / ``batch_get_v1``)
+    The host pool's whole tensor is registered with the store once, by
+    :meth:`MooncakeBackend.register_host_pool`. Every page then moves in one batch call,
+    ``batch_put_from_multi_buffers`` / ``batch_get_into_multi_buffers``, handed the address and
+    size of each of the page's buffers (:meth:`HostPool.page_buffer_meta`: two for MHA
+    page-first layouts, ``2L`` or ``L`` for layer_first, one for MLA page-first): Mooncake reads
+    and writes the pool in place, with no intermediate copy. An object whose size differs from
+    the page is refused by Mooncake before any byte moves (``INVALID_PARAMS`` when larger,
+    ``TRANSFER_FAIL`` when smaller), so a miss never touches the page.
+
+Copying calls (``get`` / ``set`` / ``batch_*``)
+    Arbitrary caller buffers cannot be registered (Mooncake refuses overlapping regions and RDMA
+    needs registered memory), so these copy once through the client's registered staging buffer
+    (``local_buffer_size``), in chunks that fit it, under a lock; a value larger than the whole
+    buffer gets a temporary registered buffer of its own.
+
+Return codes
+    ``OBJECT_NOT_FOUND`` is a miss. Codes that mean the master did not answer (``RPC_FAIL``)
+    raise :class:`~hicache_storage.errors.BackendUnavailableError` when no key got an answer,
+    and later calls fail fast while the master's port stays closed. Every other negative code
+    is a miss or ``False`` for its key, counted by name in ``stats()["errors"]``.
+
+Semantics
+    A duplicate ``put`` keeps the first value (first writer wins). Objects live in the segments
+    mounted by processes that contribute one (``global_segment_size > 0``) and are dropped when
+    that process's client closes; run long-lived segment holders (``mooncake_client``) for data
+    that must outlive the writers.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+from typing_extensions import Buffer
+
+from hicache_storage.backend import HostPool, StorageBackend
+from hicache_storage.buffers import as_readable, as_writable
+from hicache_storage.capabilities import Capabilities
+from hicache_storage.config import Deployment
+from hicache_storage.errors import (
+    BackendClosedError,
+    BackendIOError,
+    BufferSizeError,
+    IndexAlignmentError,
+    UnsupportedOperationError,
+)
+
+from .client import NOT_FOUND, SharedClient, acquire, code_name
+from .config import MooncakeConfig
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["MooncakeBackend", "escape_prefix", "unique_rounds"]
+
+T = TypeVar("T")
+
+_STORED = (0, -705)
+"""``put`` answers meaning the key holds a complete value (new, or already there)."""
+_NOT_READY = -703
+_INVALID_PARAMS = -600
+_TRANSFER_FAIL = -800
+_REGEX_SPECIAL = frozenset(".^$|?*+()[]{}\\")
+
+
+def escape_prefix(prefix: str) -> str:
+    """Return a regex matching every key that starts with ``prefix`` (and nothing else)."""
+    return "^" + "".join(f"\\{c}" if c in _REGEX_SPECIAL else c for c in prefix)
+
+
+def unique_rounds(names: Sequence[str]) -> list[list[int]]:
+    """Split item indices into rounds in which no key repeats (in order).
+
+    Mooncake's batch calls answer a key named twice in one batch only once: the second
+    destination is reported filled but is not. A repeated key goes in a later round instead.
+    """
+    rounds: list[list[int]] = []
+    seen: list[set[str]] = []
+    for index, name in enumerate(names):
+        for members, keys in zip(rounds, seen, strict=True):
+            if name not in keys:
+                members.append(index)
+                keys.add(name)
+                break
+        else:
+            rounds.append([index])
+            seen.append({name})
+    return rounds
+
+
+def _pick(items: Sequence[T], indices: Sequence[int]) -> list[T]:
+    return [items[i] for i in indices]
+
+
+class MooncakeBackend(StorageBackend):
+    """Stores each key as one object in a Mooncake store; see the module docstring.
+
+    Parameters
+    ----------
+    config
+        The backend's options; connection settings not given fall back to a JSON file and the
+        ``MOONCAKE_*`` environment variables.
+    deployment
+        The rank this instance serves (kept for the key scheme; the store is shared by all).
+
+    Raises
+    ------
+    ConfigError
+        If no master address is configured or a setting is malformed.
+    BackendUnavailableError
+        If the master does not accept connections within ``probe_timeout_s``, or ``setup``
+        fails.
+    MissingDependencyError
+        If the mooncake client library is not installed.
+    """
+
+    name = "mooncake"
+
+    def __init__(self, config: MooncakeConfig, deployment: Deployment | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.deployment = deployment if deployment is not None else Deployment()
+        self.settings = config.resolve()
+        self.capabilities = Capabilities(
+            persistent=True,
+            shared=True,
+            native_zero_copy=True,
+            delete=True,
+            crash_safe_writes=True,
+        )
+        self._prefix = self.settings.prefix
+        self._lock = threading.Lock()
+        self._errors: Counter[str] = Counter()
+        self._moved: Counter[str] = Counter()
+        self._region: int | None = None
+        self._client: SharedClient = acquire(self.settings)
+
+    # -- bookkeeping ----------------------------------------------------------------------------
+
+    def _count(self, reason: str, n: int = 1) -> None:
+        with self._lock:
+            self._errors[reason] += n
+
+    def _tally(self, what: str, n: int) -> None:
+        with self._lock:
+            self._moved[what] += n
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendClosedError(f"backend {self.name!r} is closed; create a new one")
+
+    def _keys(self, keys: Sequence[str]) -> list[str]:
+        prefix = self._prefix
+        return [prefix + key for key in keys] if prefix else list(keys)
+
+    def _hits(self, codes: Sequence[int], sizes: Sequence[int], keys: Sequence[str]) -> list[bool]:
+        """Turn ``batch_get_into*`` answers into hits, counting each failure by its reason."""
+        hits = []
+        unclear = []
+        for code, size, key in zip(codes, sizes, keys, strict=True):
+            if code == size:
+                hits.append(True)
+                continue
+            hits.append(False)
+            if code == _TRANSFER_FAIL:
+                unclear.append((key, size))
+            elif code == _INVALID_PARAMS:
+                self._count("size_mismatch")
+            elif code >= 0:
+                self._count("short_read")
+            elif code != NOT_FOUND:
+                self._count(code_name(code))
+        for key, size in unclear:  # smaller than the destination, or a failed transfer?
+            actual = self._client.store.get_size(key)
+            self._count("size_mismatch" if actual >= 0 and actual != size else "TRANSFER_FAIL")
+        return hits
+
+    def _stored(self, codes: Sequence[int]) -> list[bool]:
+        results = []
+        for code in codes:
+            results.append(code in _STORED)
+            if code not in _STORED:
+                self._count(code_name(code))
+        return results
+
+    # -- the contract ---------------------------------------------------------------------------
+
+    def get(self, key: str, out: Buffer | None = None) -> Buffer | None:
+        """Return the value of ``key`` (a ``bytearray``), or read it into ``out``; None on a miss.
+
+        Raises
+        ------
+        BufferSizeError
+            If ``out`` is not exactly the object's size (``out`` is left untouched).
+        BackendUnavailableError
+            If the master does not answer.
+        """
+        self._check_open()
+        client = self._client
+        name = self._keys([key])[0]
+        with client.call("get_size", self._count):
+            size = client.check(client.store.get_size(name), "get_size", self._count)
+        if size < 0:
+            if size not in (NOT_FOUND, _NOT_READY):
+                self._count(code_name(size))
+            return None
+        value = bytearray(size) if out is None else None
+        view = memoryview(value) if value is not None else as_writable(out)
+        if view.nbytes != size:
+            raise BufferSizeError(
+                f"output buffer has {view.nbytes} bytes but the object stored under {key!r} "
+                f"has {size}"
+            )
+        if not self._staged_get([name], [view], single=True)[0]:
+            return None
+        return value if value is not None else out
+
+    def exists(self, key: str) -> bool:
+        """Return whether ``key`` holds a complete value."""
+        self._check_open()
+        client = self._client
+        with client.call("is_exist", self._count):
+            code = client.check(
+                client.store.is_exist(self._keys([key])[0]), "is_exist", self._count
+            )
+        if code < 0:
+            self._count(code_name(code))
+        return code == 1
+
+    def set(self, key: str, value: Buffer) -> bool:
+        """Store ``value`` under ``key`` unless it holds one already (the first value wins).
+
+        Returns False when the store refuses the value (empty, no space): the reason is
+        counted in ``stats()``.
+        """
+        self._check_open()
+        return self._staged_put(self._keys([key]), [as_readable(value)], single=True)[0]
+
+    def batch_get(self, keys: Sequence[str], outs: Sequence[Buffer]) -> list[bool]:
+        """Read each key into its output buffer; an object of another size is a miss."""
+        self._check_open()
+        views = [as_writable(out) for out in outs]
+        return self._staged_get(self._keys(keys), views, single=False)
+
+    def batch_set(self, keys: Sequence[str], values: Sequence[Buffer]) -> list[bool]:
+        """Store each value under its key; return per key whether it now holds a value."""
+        self._check_open()
+        views = [as_readable(value) for value in values]
+        return self._staged_put(self._keys(keys), views, single=False)
+
+    def batch_exists(self, keys: Sequence[str]) -> int:
+        """Return the length of the leading run of keys that exist (one ``batch_is_exist``)."""
+        self._check_open()
+        if not keys:
+            return 0
+        client = self._client
+        with client.call("batch_is_exist", self._count):
+            codes = client.check_batch(
+                list(client.store.batch_is_exist(self._keys(keys))), "batch_is_exist", self._count
+            )
+        count = 0
+        for code in codes:
+            if code != 1:
+                if code < 0:
+                    self._count(code_name(code))
+                break
+            count += 1
+        return count
+
+    # -- zero-copy page I/O ---------------------------------------------------------------------
+
+    def register_host_pool(self, pool: HostPool) -> None:
+        """Attach ``pool`` and register its memory with the store once.
+
+        A pool without a ``kv_buffer`` tensor cannot be registered; its pages then go through
+        the copying path.
+
+        Raises
+        ------
+        BackendIOError
+            If Mooncake refuses to register the pool's memory.
+        """
+        self._check_open()
+        self._release_region()
+        kv_buffer = getattr(pool, "kv_buffer", None)
+        if kv_buffer is not None and hasattr(kv_buffer, "data_ptr"):
+            ptr = int(kv_buffer.data_ptr())
+            self._client.retain(ptr, int(kv_buffer.numel() * kv_buffer.element_size()))
+            self._region = ptr
+        super().register_host_pool(pool)
+
+    def _page_meta(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> tuple[list[list[int]], list[list[int]]]:
+        meta = self.host_pool.page_buffer_meta(host_indices)
+        if len(meta) != len(keys):
+            raise IndexAlignmentError(
+                f"{len(keys)} keys need {len(keys)} pages of host indices, got {len(meta)}"
+            )
+        ptrs = [[address for address, _ in page] for page in meta]
+        sizes = [[nbytes for _, nbytes in page] for page in meta]
+        return ptrs, sizes
+
+    def batch_get_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        """Read each key's object straight into its page's buffers in the registered pool."""
+        self._check_open()
+        if self._region is None:
+            return super().batch_get_v1(keys, host_indices)
+        ptrs, sizes = self._page_meta(keys, host_indices)
+        if not keys:
+            return []
+        names = self._keys(keys)
+        client = self._client
+        codes = [0] * len(names)
+        for members in unique_rounds(names):
+            with client.call("batch_get_into_multi_buffers", self._count):
+                got = client.store.batch_get_into_multi_buffers(
+                    _pick(names, members), _pick(ptrs, members), _pick(sizes, members)
+                )
+            for index, code in zip(members, got, strict=True):
+                codes[index] = code
+        client.check_batch(codes, "batch_get_into_multi_buffers", self._count)
+        hits = self._hits(codes, [sum(page) for page in sizes], names)
+        self._tally("pages_read", sum(hits))
+        return hits
+
+    def batch_set_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        """Store each key's page straight from its buffers in the registered pool."""
+        self._check_open()
+        if self._region is None:
+            return super().batch_set_v1(keys, host_indices)
+        ptrs, sizes = self._page_meta(keys, host_indices)
+        if not keys:
+            return []
+        names = self._keys(keys)
+        client = self._client
+        codes = [0] * len(names)
+        for members in unique_rounds(names):
+            with client.call("batch_put_from_multi_buffers", self._count):
+                got = client.store.batch_put_from_multi_buffers(
+                    _pick(names, members), _pick(ptrs, members), _pick(sizes, members)
+                )
+            for index, code in zip(members, got, strict=True):
+                codes[index] = code
+        client.check_batch(codes, "batch_put_from_multi_buffers", self._count)
+        stored = self._stored(codes)
+        self._tally("pages_written", sum(stored))
+        return stored
+
+    # -- the staging path -----------------------------------------------------------------------
+
+    def _chunks(self, sizes: Sequence[int]) -> list[list[int]]:
+        """Group item indices so each group fits the staging buffer (oversized ones alone)."""
+        capacity = self._client.staging.nbytes
+        groups: list[list[int]] = []
+        current: list[int] = []
+        used = 0
+        for index, size in enumerate(sizes):
+            if size > capacity:
+                groups.append([index])
+                continue
+            if used + size > capacity:
+                groups.append(current)
+                current, used = [], 0
+            current.append(index)
+            used += size
+        if current:
+            groups.append(current)
+        return groups
+
+    def _staged(
+        self,
+        names: Sequence[str],
+        views: Sequence[memoryview],
+        move: Callable[[list[str], list[int], list[int], np.ndarray[Any, Any], int], list[int]],
+    ) -> list[int]:
+        """Run ``move`` over chunks that fit the staging buffer; return per-item codes."""
+        client = self._client
+        codes = [_INVALID_PARAMS] * len(names)
+        sizes = [view.nbytes for view in views]
+        groups = [
+            [members[i] for i in group]
+            for members in unique_rounds(names)
+            for group in self._chunks(_pick(sizes, members))
+        ]
+        with client.staging_lock:
+            for group in groups:
+                group_sizes = [sizes[i] for i in group]
+                group_names = [names[i] for i in group]
+                if sum(group_sizes) > client.staging.nbytes:
+                    with client.temporary(group_sizes[0]) as (buffer, ptr):
+                        got = move(group_names, group, group_sizes, buffer, ptr)
+                else:
+                    got = move(group_names, group, group_sizes, client.staging, client.staging_ptr)
+                for index, code in zip(group, got, strict=True):
+                    codes[index] = code
+        return codes
+
+    def _staged_put(self, names: list[str], views: list[memoryview], *, single: bool) -> list[bool]:
+        client = self._client
+        present = [i for i, view in enumerate(views) if view.nbytes]
+        if len(present) < len(views):
+            self._count("empty_value", len(views) - len(present))
+
+        def put(
+            group_names: list[str],
+            group: list[int],
+            group_sizes: list[int],
+            buffer: np.ndarray[Any, Any],
+            ptr: int,
+        ) -> list[int]:
+            offsets = []
+            offset = 0
+            for index, size in zip(group, group_sizes, strict=True):
+                buffer[offset : offset + size] = np.frombuffer(chosen[index], dtype=np.uint8)
+                offsets.append(ptr + offset)
+                offset += size
+            with client.call("batch_put_from", self._count):
+                return list(client.store.batch_put_from(group_names, offsets, group_sizes))
+
+        chosen = [views[i] for i in present]
+        codes = self._staged([names[i] for i in present], chosen, put)
+        if single and codes:
+            client.check(codes[0], "put", self._count)
+        else:
+            client.check_batch(codes, "batch_put_from", self._count)
+        stored = [False] * len(views)
+        for index, ok in zip(present, self._stored(codes), strict=True):
+            stored[index] = ok
+        self._tally("bytes_staged", sum(view.nbytes for view in chosen))
+        return stored
+
+    def _staged_get(self, names: list[str], views: list[memoryview], *, single: bool) -> list[bool]:
+        client = self._client
+        present = [i for i, view in enumerate(views) if view.nbytes]
+        chosen = [views[i] for i in present]
+
+        def get(
+            group_names: list[str],
+            group: list[int],
+            group_sizes: list[int],
+            buffer: np.ndarray[Any, Any],
+            ptr: int,
+        ) -> list[int]:
+            offsets = []
+            offset = 0
+            for size in group_sizes:
+                offsets.append(offset)
+                offset += size
+            with client.call("batch_get_into_multi_buffers", self._count):
+                got = list(
+                    client.store.batch_get_into_multi_buffers(
+                        group_names, [[ptr + o] for o in offsets], [[s] for s in group_sizes]
+                    )
+                )
+            for index, start, size, code in zip(group, offsets, group_sizes, got, strict=True):
+                if code == size:
+                    dst = np.frombuffer(chosen[index], dtype=np.uint8)
+                    dst[:] = buffer[start : start + size]
+            return got
+
+        codes = self._staged([names[i] for i in present], chosen, get)
+        if single and codes:
+            client.check(codes[0], "get", self._count)
+        else:
+            client.check_batch(codes, "batch_get_into_multi_buffers", self._count)
+        hits = [False] * len(views)
+        answers = self._hits(codes, [view.nbytes for view in chosen], _pick(names, present))
+        for index, hit in zip(present, answers, strict=True):
+            hits[index] = hit
+        self._tally("bytes_staged", sum(v.nbytes for v, h in zip(views, hits, strict=True) if h))
+        return hits
+
+    # -- housekeeping ---------------------------------------------------------------------------
+
+    def delete(self, key: str) -> bool:
+        """Remove ``key`` (forcing past Mooncake's read lease); return whether it existed.
+
+        Raises
+        ------
+        BackendIOError
+            If the store refused for another reason.
+        """
+        self._check_open()
+        client = self._client
+        with client.call("remove", self._count):
+            code = client.check(
+                client.store.remove(self._keys([key])[0], True), "remove", self._count
+            )
+        if code == 0:
+            return True
+        if code == NOT_FOUND:
+            return False
+        self._count(code_name(code))
+        raise BackendIOError(f"mooncake remove of {key!r} failed with {code} ({code_name(code)})")
+
+    def clear(self) -> None:
+        """Remove every key under this backend's prefix (other tenants' keys stay).
+
+        Raises
+        ------
+        UnsupportedOperationError
+            If the prefix is empty: this instance cannot tell its keys from anyone else's.
+        """
+        self._check_open()
+        if not self._prefix:
+            raise UnsupportedOperationError(
+                "the mooncake backend clears only the keys under its prefix; set the 'prefix' "
+                "option to use clear()"
+            )
+        client = self._client
+        with client.call("remove_by_regex", self._count):
+            code = client.check(
+                client.store.remove_by_regex(escape_prefix(self._prefix), True),
+                "remove_by_regex",
+                self._count,
+            )
+        if code < 0:
+            self._count(code_name(code))
+            raise BackendIOError(f"mooncake remove_by_regex failed with {code} ({code_name(code)})")
+
+    def stats(self) -> dict[str, Any]:
+        """Return the base stats, the connection, moved pages/bytes and errors by reason."""
+        stats = super().stats()
+        with self._lock:
+            errors = dict(self._errors)
+            moved = dict(self._moved)
+        stats.update(
+            master=self.settings.master,
+            protocol=self.settings.protocol,
+            prefix=self._prefix,
+            zero_copy=self._region is not None,
+            registered_bytes=self._client.registered_bytes(),
+            pages_written=moved.get("pages_written", 0),
+            pages_read=moved.get("pages_read", 0),
+            bytes_staged=moved.get("bytes_staged", 0),
+            errors=errors,
+        )
+        return stats
+
+    def _release_region(self) -> None:
+        if self._region is not None:
+            self._client.release(self._region)
+            self._region = None
+
+    def _close(self) -> None:
+        self._release_region()

@@ -1,0 +1,31 @@
+"""Registers the Mooncake backend; imports nothing but the registry's lightweight records."""
+
+from __future__ import annotations
+
+from hicache_storage.capabilities import Capabilities
+from hicache_storage.registry import BackendSpec, hookimpl
+
+__all__ = ["SPEC", "hicache_backends"]
+
+SPEC = BackendSpec(
+    name="mooncake",
+    factory="hicache_storage.backends.mooncake.backend:MooncakeBackend",
+    config="hicache_storage.backends.mooncake.config:MooncakeConfig",
+    extra="mooncake",
+    requires=("mooncake",),
+    capabilities=Capabilities(
+        persistent=True,
+        shared=True,
+        native_zero_copy=True,
+        delete=True,
+        crash_safe_writes=True,
+    ),
+    baseline="hicache_storage.backends.mooncake.baseline:RawMooncakeBaseline",
+    description="Mooncake distributed store (zero-copy page I/O through registered memory)",
+)
+
+
+@hookimpl
+def hicache_backends() -> list[BackendSpec]:
+    """Provide the Mooncake backend."""
+    return [SPEC]

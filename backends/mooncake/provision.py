@@ -1,0 +1,178 @@
+"""Local Mooncake servers for tests and benchmarks: a master and a long-lived segment holder.
+
+Objects live in the segments clients mount, and a client's ``close()`` drops the objects in its
+segment. So the test store is a ``mooncake_master`` plus one ``mooncake_client`` process that
+only holds a segment; test clients mount none (``global_segment_size=0``) and their data
+outlives them. Both binaries ship inside the mooncake wheel. Everything binds 127.0.0.1 on free
+ports and is stopped by PID (:mod:`hicache_storage.conformance.provision`).
+
+Only the master's service is published for the conformance suite's fault checks: stopping it
+is the outage (the holder stays up and re-mounts its segment when the master returns).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+from hicache_storage.conformance.provision import (
+    LocalService,
+    ProcessSpec,
+    ServiceState,
+    free_port,
+    publish,
+)
+from hicache_storage.errors import BackendUnavailableError, MissingDependencyError
+
+__all__ = [
+    "HOLDER_BACKEND",
+    "binary",
+    "holder_ready",
+    "holder_service",
+    "local_store",
+    "master_ready",
+    "master_service",
+]
+
+HOLDER_BACKEND = "mooncake-segment-holder"
+"""The ``backend`` of the holder's service: no backend has this name, so the fault checks
+never pick the holder."""
+
+_TIMEOUT_S = 6.0
+"""What a call may take while the master is down: the client's RPC timeout (about 4.3 s) for
+the first call, then the fast-failing probe."""
+
+
+def binary(name: str) -> str:
+    """Return the path of a binary shipped in the mooncake wheel (``mooncake_master``, ...).
+
+    Raises
+    ------
+    MissingDependencyError
+        If the mooncake package is not installed or lacks the binary.
+    """
+    spec = importlib.util.find_spec("mooncake")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        path = os.path.join(location, name)
+        if os.access(path, os.X_OK):
+            return path
+    raise MissingDependencyError(
+        f"{name} not found in the mooncake package; run: pip install "
+        "'hicache-storage[mooncake-cpu]' (or [mooncake] on CUDA hosts)"
+    )
+
+
+def _http_get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as response:
+            return int(response.status), response.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError):
+        return 0, ""
+
+
+def _metrics(service: LocalService) -> str:
+    """Return ``host:port`` of the master's HTTP metrics (its process's second port)."""
+    return f"127.0.0.1:{service.state.processes[0].ports[1]}"
+
+
+def master_ready(service: LocalService, deadline: float) -> None:
+    """Wait until the master's ``/health`` answers 200."""
+    url = f"http://{_metrics(service)}/health"
+    while _http_get(url)[0] != 200:
+        if time.monotonic() > deadline:
+            raise BackendUnavailableError(f"mooncake master health {url} did not answer 200")
+        time.sleep(0.05)
+
+
+def holder_ready(service: LocalService, deadline: float) -> None:
+    """Wait until the master reports segment capacity (the holder mounted its segment)."""
+    url = f"http://{_metrics(service)}/metrics"
+    while True:
+        status, text = _http_get(url)
+        for line in text.splitlines() if status == 200 else []:
+            name, _, value = line.partition(" ")
+            if name == "master_total_capacity_bytes" and float(value or 0) > 0:
+                return
+        if time.monotonic() > deadline:
+            raise BackendUnavailableError(
+                f"the mooncake segment holder did not mount its segment ({url}); log "
+                f"{service.log('holder')}"
+            )
+        time.sleep(0.1)
+
+
+def master_service(
+    workdir: str | os.PathLike[str], *, timeout_s: float = _TIMEOUT_S
+) -> LocalService:
+    """Describe a ``mooncake_master`` on free 127.0.0.1 ports (RPC, then HTTP metrics)."""
+    root = Path(workdir)
+    rpc = free_port()
+    metrics = free_port()
+    argv = [
+        binary("mooncake_master"),
+        "-rpc_address=127.0.0.1",
+        f"-rpc_port={rpc}",
+        "-metrics_host=127.0.0.1",
+        f"-metrics_port={metrics}",
+        "-logtostderr=true",
+    ]
+    state = ServiceState(
+        backend="mooncake",
+        options={"master": f"127.0.0.1:{rpc}"},
+        processes=[ProcessSpec(name="master", argv=argv, ports=[rpc, metrics])],
+        workdir=str(root),
+        ready=f"{__name__}:master_ready",
+        timeout_s=timeout_s,
+        start_timeout_s=30.0,
+    )
+    return LocalService(state, root / "master.json")
+
+
+def holder_service(
+    workdir: str | os.PathLike[str], master: LocalService, *, segment: str = "512MB"
+) -> LocalService:
+    """Describe a ``mooncake_client`` that only holds a ``segment``-sized global segment."""
+    root = Path(workdir)
+    port = free_port()
+    argv = [
+        binary("mooncake_client"),
+        "-host=127.0.0.1",
+        "-metadata_server=P2PHANDSHAKE",
+        f"-master_server_address={master.options['master']}",
+        f"-global_segment_size={segment}",
+        f"-port={port}",
+        "-protocol=tcp",
+        "-logtostderr=true",
+    ]
+    metrics = master.state.processes[0].ports[1]
+    state = ServiceState(
+        backend=HOLDER_BACKEND,
+        options={"master": master.options["master"]},
+        # The master's metrics port rides along as a second port: holder_ready reads it.
+        processes=[ProcessSpec(name="holder", argv=argv, ports=[port, metrics])],
+        workdir=str(root),
+        ready=f"{__name__}:holder_ready",
+        start_timeout_s=30.0,
+    )
+    return LocalService(state, root / "holder.json")
+
+
+@contextlib.contextmanager
+def local_store(
+    workdir: str | os.PathLike[str], *, segment: str = "512MB"
+) -> Iterator[LocalService]:
+    """Run a master and a segment holder; yield the master's (published) service.
+
+    Both are stopped by PID when the block ends, the holder first.
+    """
+    master = master_service(Path(workdir) / "master")
+    holder = holder_service(Path(workdir) / "holder", master, segment=segment)
+    with master, holder, publish(master):
+        yield master

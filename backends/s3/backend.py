@@ -1,0 +1,746 @@
+"""The S3 backend: one object per key in a bucket, under a key prefix.
+
+Naming
+    A key is stored as ``<prefix><key>``. Keys obey the key rule (no ``/``), so every object is a
+    direct child of the prefix and no key can reach another namespace. When ``<prefix><key>``
+    would exceed S3's 1024-byte limit, the object is ``<prefix>~sha256-<hex digest of the key>``
+    instead: deterministic, so every process finds it, and never equal to a key's own name.
+
+Writes
+    One ``PutObject`` per value, with ``If-None-Match: *``: S3 makes an object visible only once
+    its upload is complete, and the condition keeps the first complete value (a ``412`` means
+    the key already holds one, so ``set`` answers True). A store that answers ``501`` to the
+    condition is switched to ``HeadObject`` + ``PutObject`` for the rest of the instance's life.
+
+Reads
+    ``GetObject``: the ``Content-Length`` is checked before any byte moves, so an object of
+    another size is a miss (``BufferSizeError`` for ``get(out=...)``) and the destination is left
+    untouched; the body is then read in chunks straight into the caller's buffer or the host
+    pool's page buffers, and the end of the stream is read too, which makes botocore check the
+    length and, with ``checksums="when_supported"``, the object's checksum. A short stream or a
+    checksum mismatch raises (the default layers answer a miss), never a hit.
+
+Batches
+    Batch calls run on a thread pool of ``max_concurrency`` workers sharing one thread-safe
+    client. ``batch_exists`` keeps at most that many ``HeadObject`` requests in flight, in key
+    order, and issues none past the first miss. Every batch stops at its first infrastructure
+    error: requests not yet started are dropped, those in flight finish (each bounded by the
+    timeouts), then the error is raised.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import hashlib
+import logging
+import threading
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import botocore.session
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    CredentialRetrievalError,
+    FlexibleChecksumError,
+    HTTPClientError,
+    IncompleteReadError,
+    NoCredentialsError,
+    PartialCredentialsError,
+    ReadTimeoutError,
+)
+from botocore.exceptions import ConnectionError as BotoConnectionError
+from typing_extensions import Buffer
+
+from hicache_storage.backend import StorageBackend
+from hicache_storage.buffers import as_readable, as_writable
+from hicache_storage.capabilities import Capabilities
+from hicache_storage.config import Deployment
+from hicache_storage.errors import (
+    BackendClosedError,
+    BackendError,
+    BackendIOError,
+    BackendTimeoutError,
+    BackendUnavailableError,
+    BufferSizeError,
+    ConfigError,
+    HiCacheError,
+    IntegrityError,
+)
+from hicache_storage.keys.validation import validate_key
+
+from .config import MAX_OBJECT_KEY_BYTES, S3Config
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["MAX_PUT_BYTES", "S3Backend", "client_config", "make_client"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+MAX_PUT_BYTES = 5 << 30
+"""The largest object one ``PutObject`` may carry (5 GiB)."""
+
+HASHED_MARK = "~sha256-"
+"""Start of the name a too-long key is stored under; ``~`` never occurs in a key."""
+
+_CHUNK = 1 << 20
+"""Bytes asked of the response stream per read while filling a destination."""
+
+_MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
+_AUTH_CODES = frozenset(
+    {
+        "403",
+        "AccessDenied",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+        "AuthorizationHeaderMalformed",
+    }
+)
+_BUSY_CODES = frozenset(
+    {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling"}
+)
+_CONFLICT_RETRIES = 3
+_CREDENTIAL_ERRORS = (NoCredentialsError, PartialCredentialsError, CredentialRetrievalError)
+
+_LOADER_LOCK = threading.Lock()
+_LOADER: Any = None
+"""botocore's parsed service models, shared by every client this process makes: a new session
+would otherwise parse the S3 model again (about 60 ms per backend instance)."""
+
+
+def _session(profile: str | None) -> botocore.session.Session:
+    """Return a fresh botocore session (its own credential chain) over the shared model cache."""
+    global _LOADER
+    session = botocore.session.Session(profile=profile)
+    with _LOADER_LOCK:
+        if _LOADER is None:
+            _LOADER = session.get_component("data_loader")
+        else:
+            session.register_component("data_loader", _LOADER)
+    return session
+
+
+def client_config(config: S3Config) -> Config:
+    """Return the botocore client settings of ``config``: timeouts, retries, pool, checksums.
+
+    The backend and its raw baseline use the same settings, so ``hicache bench`` compares like
+    with like.
+    """
+    return Config(
+        connect_timeout=config.connect_timeout_s,
+        read_timeout=config.read_timeout_s,
+        retries={"mode": config.retry_mode, "total_max_attempts": config.max_attempts},
+        max_pool_connections=2 * config.max_concurrency,
+        s3={"addressing_style": config.addressing_style},
+        request_checksum_calculation=config.checksums,
+        response_checksum_validation=config.checksums,
+        tcp_keepalive=True,
+    )
+
+
+def make_client(config: S3Config) -> Any:
+    """Build the S3 client ``config`` describes; credentials come from the AWS chain."""
+    return _session(config.profile).create_client(
+        "s3",
+        region_name=config.region,
+        endpoint_url=config.endpoint_url,
+        config=client_config(config),
+    )
+
+
+def _flat(view: memoryview) -> memoryview:
+    """Return ``view`` as a 1-D unsigned-byte view, so that slicing counts bytes."""
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _body(view: memoryview) -> bytes | bytearray:
+    """Return a body botocore accepts (bytes or bytearray), copying only when it must."""
+    owner = view.obj
+    if isinstance(owner, (bytes, bytearray)) and len(owner) == view.nbytes:
+        return owner
+    return view.tobytes()
+
+
+def _code(exc: ClientError) -> tuple[str, int]:
+    """Return the error code and HTTP status of a client error."""
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    code = str(exc.response.get("Error", {}).get("Code") or status)
+    return code, status
+
+
+def _is_missing(exc: ClientError) -> bool:
+    code, status = _code(exc)
+    return status == 404 and code in _MISSING_CODES
+
+
+class S3Backend(StorageBackend):
+    """Stores each key as one object of an S3 bucket; see the module docstring.
+
+    Parameters
+    ----------
+    config
+        The backend's settings.
+    deployment
+        Unused (every rank shares the namespace); accepted like every backend.
+
+    Raises
+    ------
+    ConfigError
+        If the bucket does not exist (and ``create_bucket`` is off) or the store refuses the
+        credentials, when ``verify_bucket`` or ``create_bucket`` is on.
+    BackendUnavailableError, BackendTimeoutError
+        If the endpoint cannot be reached then, within the configured timeouts.
+    """
+
+    name = "s3"
+
+    def __init__(self, config: S3Config, deployment: Deployment | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.deployment = deployment if deployment is not None else Deployment()
+        self.capabilities = Capabilities(
+            persistent=True,
+            shared=True,
+            delete=True,
+            crash_safe_writes=True,
+            max_value_size=MAX_PUT_BYTES,
+        )
+        self._bucket = config.bucket
+        self._prefix = config.prefix
+        self._endpoint = config.endpoint_url or "AWS S3"
+        self._conditional = config.conditional_put
+        self._lock = threading.Lock()
+        self._requests: Counter[str] = Counter()
+        self._error_counts: Counter[str] = Counter()
+        self._counts: Counter[str] = Counter()
+        self._client = make_client(config)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=config.max_concurrency, thread_name_prefix="hicache-s3"
+        )
+        try:
+            if config.verify_bucket or config.create_bucket:
+                self._open_bucket()
+        except BaseException:
+            self._close()
+            raise
+
+    # -- the contract ---------------------------------------------------------------------------
+
+    def get(self, key: str, out: Buffer | None = None) -> Buffer | None:
+        """Return the object of ``key`` (``bytes``), or read it into ``out``; None on a miss.
+
+        Raises
+        ------
+        BufferSizeError
+            If ``out`` is not exactly the object's size (``out`` is left untouched).
+        BackendError
+            If the store failed, the stream ended early or the checksum did not match.
+        """
+        self._check_open()
+        name = self._name(key)
+        if out is None:
+            return self._read_bytes(name)
+        dst = _flat(as_writable(out))
+        loaded = self._load(name, [dst], strict=True)
+        return out if loaded else None
+
+    def exists(self, key: str) -> bool:
+        """Return whether ``key`` holds an object (one ``HeadObject``)."""
+        self._check_open()
+        return self._head(self._name(key))
+
+    def set(self, key: str, value: Buffer) -> bool:
+        """Store ``value`` under ``key`` unless it holds a value already (the first one wins).
+
+        Raises
+        ------
+        BackendError
+            If the store failed; the key is then absent or holds its old complete value.
+        """
+        self._check_open()
+        view = as_readable(value)
+        return self._store(self._name(key), _body(view))
+
+    def batch_get(self, keys: Sequence[str], outs: Sequence[Buffer]) -> list[bool]:
+        """Read each object straight into its buffer, concurrently; a size mismatch is a miss."""
+        self._check_open()
+        jobs = [
+            (self._name(key), [_flat(as_writable(out))])
+            for key, out in zip(keys, outs, strict=True)
+        ]
+        return self._map(self._load_page, jobs)
+
+    def batch_set(self, keys: Sequence[str], values: Sequence[Buffer]) -> list[bool]:
+        """Store each value under its key, concurrently (the first value of a key wins)."""
+        self._check_open()
+        jobs = [
+            (self._name(key), _body(as_readable(value)))
+            for key, value in zip(keys, values, strict=True)
+        ]
+        return self._map(self._store, jobs)
+
+    def batch_exists(self, keys: Sequence[str]) -> int:
+        """Return the length of the leading run of keys that exist.
+
+        At most ``max_concurrency`` ``HeadObject`` requests are in flight, in key order; none is
+        issued past the first miss.
+        """
+        self._check_open()
+        names = [self._name(key) for key in keys]
+        if len(names) <= 1:
+            return int(bool(names) and self._head(names[0]))
+        window: deque[concurrent.futures.Future[bool]] = deque()
+        issued = count = 0
+        try:
+            while True:
+                while issued < len(names) and len(window) < self.config.max_concurrency:
+                    window.append(self._submit(self._head, names[issued]))
+                    issued += 1
+                if not window:
+                    return count
+                if not window.popleft().result():
+                    return count
+                count += 1
+        finally:
+            for future in window:
+                future.cancel()
+            concurrent.futures.wait(window)
+
+    # -- page I/O against the host pool -----------------------------------------------------------
+
+    def batch_get_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        """Read each object straight into the buffers of its host-pool page, concurrently.
+
+        An object whose size differs from a page is a miss and its page is left untouched.
+        """
+        self._check_open()
+        pages = self.page_views(keys, host_indices)
+        jobs = [
+            (self._name(key), [_flat(view) for view in views])
+            for key, views in zip(keys, pages, strict=True)
+        ]
+        return self._map(self._load_page, jobs)
+
+    def batch_set_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        """Store each key's host-pool page as one object, concurrently."""
+        self._check_open()
+        pages = self.page_views(keys, host_indices)
+        jobs: list[tuple[str, bytes | bytearray]] = []
+        for key, views in zip(keys, pages, strict=True):
+            flat = [_flat(view) for view in views]
+            body = _body(flat[0]) if len(flat) == 1 else b"".join(flat)
+            jobs.append((self._name(key), body))
+        return self._map(self._store, jobs)
+
+    # -- housekeeping ---------------------------------------------------------------------------
+
+    def delete(self, key: str) -> bool:
+        """Remove ``key``; return whether it existed (``HeadObject``, then ``DeleteObject``)."""
+        self._check_open()
+        name = self._name(key)
+        if not self._head(name):
+            return False
+        with self._errors("delete", name):
+            self._count_request("delete")
+            self._client.delete_object(Bucket=self._bucket, Key=name)
+        return True
+
+    def clear(self) -> None:
+        """Delete every object of this namespace, in batches of up to 1000 per request.
+
+        Only direct children of ``prefix`` whose names are keys (or hashed keys) are removed:
+        deeper prefixes (other namespaces) and foreign names are left alone.
+        """
+        self._check_open()
+        names = self._list_own()
+        for start in range(0, len(names), 1000):
+            batch = names[start : start + 1000]
+            with self._errors("clear", self._prefix or "/"):
+                self._count_request("delete_objects")
+                answer = self._client.delete_objects(
+                    Bucket=self._bucket,
+                    Delete={"Objects": [{"Key": name} for name in batch], "Quiet": True},
+                )
+            failed = answer.get("Errors") or []
+            if failed:
+                first = failed[0]
+                self._count_error(str(first.get("Code", "DeleteError")))
+                raise BackendIOError(
+                    f"s3 clear of {self._where(self._prefix)}: {len(failed)} of {len(batch)} "
+                    f"objects were not deleted (first {first.get('Key')!r}: "
+                    f"{first.get('Code')}: {first.get('Message')})"
+                )
+
+    def stats(self) -> dict[str, Any]:
+        """Return the request, byte and error counters of this instance."""
+        with self._lock:
+            counts = dict(self._counts)
+            return {
+                "backend": self.name,
+                "bucket": self._bucket,
+                "prefix": self._prefix,
+                "endpoint": self._endpoint,
+                "max_concurrency": self.config.max_concurrency,
+                "conditional_put": self._conditional,
+                "requests": dict(sorted(self._requests.items())),
+                "bytes_read": counts.get("bytes_read", 0),
+                "bytes_written": counts.get("bytes_written", 0),
+                "size_mismatches": counts.get("size_mismatch", 0),
+                "kept_existing": counts.get("kept_existing", 0),
+                "errors": dict(sorted(self._error_counts.items())),
+            }
+
+    def _close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._client.close()
+
+    # -- naming ---------------------------------------------------------------------------------
+
+    def _name(self, key: str) -> str:
+        """Return the object name of ``key`` inside this namespace."""
+        name = self._prefix + validate_key(key)
+        if len(name) <= MAX_OBJECT_KEY_BYTES:
+            return name
+        return f"{self._prefix}{HASHED_MARK}{hashlib.sha256(key.encode()).hexdigest()}"
+
+    def _owns(self, name: str) -> bool:
+        """Return whether object ``name`` (listed under the prefix) is one of this namespace's."""
+        rest = name[len(self._prefix) :]
+        if rest.startswith(HASHED_MARK):
+            return len(rest) == len(HASHED_MARK) + 64
+        with contextlib.suppress(HiCacheError):
+            return validate_key(rest) == rest
+        return False
+
+    def _list_own(self) -> list[str]:
+        """List this namespace's objects (direct children of the prefix with key names)."""
+        names: list[str] = []
+        token: str | None = None
+        while True:
+            request: dict[str, Any] = {
+                "Bucket": self._bucket,
+                "Prefix": self._prefix,
+                "Delimiter": "/",
+                "MaxKeys": 1000,
+            }
+            if token is not None:
+                request["ContinuationToken"] = token
+            with self._errors("list", self._prefix or "/"):
+                self._count_request("list")
+                page = self._client.list_objects_v2(**request)
+            names.extend(
+                item["Key"] for item in page.get("Contents") or [] if self._owns(item["Key"])
+            )
+            token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+            if token is None:
+                return names
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def _head(self, name: str) -> bool:
+        with self._errors("head", name):
+            self._count_request("head")
+            try:
+                self._client.head_object(Bucket=self._bucket, Key=name)
+            except ClientError as exc:
+                if _is_missing(exc):
+                    return False
+                raise
+        return True
+
+    def _get_object(self, name: str) -> Any:
+        """Start a ``GetObject``; return the response, or None when the object is absent."""
+        self._count_request("get")
+        try:
+            return self._client.get_object(Bucket=self._bucket, Key=name)
+        except ClientError as exc:
+            if _is_missing(exc):
+                return None
+            raise
+
+    def _read_bytes(self, name: str) -> bytes | None:
+        with self._errors("get", name):
+            response = self._get_object(name)
+            if response is None:
+                return None
+            body = response["Body"]
+            try:
+                data: bytes = body.read()
+            finally:
+                body.close()
+        self._add("bytes_read", len(data))
+        return data
+
+    def _load_page(self, name: str, views: list[memoryview]) -> bool:
+        return self._load(name, views, strict=False)
+
+    def _load(self, name: str, views: list[memoryview], *, strict: bool) -> bool:
+        """Fill ``views`` (back to back) with object ``name``; return False on a miss.
+
+        A size mismatch leaves ``views`` untouched: with ``strict`` it raises
+        ``BufferSizeError``, else it is a miss.
+        """
+        size = sum(view.nbytes for view in views)
+        with self._errors("get", name):
+            response = self._get_object(name)
+            if response is None:
+                return False
+            body = response["Body"]
+            try:
+                length = int(response["ContentLength"])
+                if length != size:
+                    self._add("size_mismatch", 1)
+                    if strict:
+                        raise BufferSizeError(
+                            f"output buffer has {size} bytes but object {name!r} has {length}"
+                        )
+                    return False
+                for view in views:
+                    _fill(body, view)
+                # Reading past the end makes botocore check the length and the checksum.
+                if body.readinto(bytearray(1)) != 0:
+                    raise IncompleteReadError(actual_bytes=length + 1, expected_bytes=length)
+            finally:
+                body.close()
+        self._add("bytes_read", size)
+        return True
+
+    def _store(self, name: str, body: bytes | bytearray) -> bool:
+        """Write ``body`` as object ``name`` unless it exists; return True once it holds one."""
+        with self._errors("set", name):
+            if self._conditional:
+                stored = self._put_if_absent(name, body)
+                if stored is not None:
+                    return stored
+            if self._head(name):
+                self._add("kept_existing", 1)
+                return True
+            self._count_request("put")
+            self._client.put_object(Bucket=self._bucket, Key=name, Body=body)
+        self._add("bytes_written", len(body))
+        return True
+
+    def _put_if_absent(self, name: str, body: bytes | bytearray) -> bool | None:
+        """Put with ``If-None-Match: *``; None when the store turned out not to support it."""
+        conflicts = 0
+        while True:
+            self._count_request("put")
+            try:
+                self._client.put_object(Bucket=self._bucket, Key=name, Body=body, IfNoneMatch="*")
+            except ClientError as exc:
+                code, status = _code(exc)
+                if status == 412:
+                    self._add("kept_existing", 1)
+                    return True
+                if status == 501 or code == "NotImplemented":
+                    self._conditional = False
+                    logger.warning(
+                        "S3 store %s does not support If-None-Match on PutObject; bucket %r "
+                        "falls back to HeadObject + PutObject (see docs/backends/s3.md)",
+                        self._endpoint,
+                        self._bucket,
+                    )
+                    return None
+                # 409: another conditional write of this key is in flight; ask again.
+                if status == 409 and conflicts < _CONFLICT_RETRIES:
+                    conflicts += 1
+                    continue
+                raise
+            self._add("bytes_written", len(body))
+            return True
+
+    def _open_bucket(self) -> None:
+        """Check (or create) the bucket, turning the usual setup mistakes into clear errors.
+
+        Raises
+        ------
+        ConfigError
+            If the bucket is missing (without ``create_bucket``) or access is refused.
+        """
+        try:
+            self._count_request("head_bucket")
+            self._client.head_bucket(Bucket=self._bucket)
+        except ClientError as exc:
+            code, status = _code(exc)
+            if status == 404 and self.config.create_bucket:
+                with self._errors("create_bucket", ""):
+                    self._create_bucket()
+                return
+            if status == 404:
+                self._count_error("NoSuchBucket")
+                raise ConfigError(
+                    f"bucket {self._bucket!r} does not exist at {self._endpoint}; create it, "
+                    f"fix the bucket name, or set create_bucket=true"
+                ) from exc
+            if status in (400, 403) or code in _AUTH_CODES:
+                self._count_error(code)
+                raise ConfigError(
+                    f"{self._endpoint} refused access to bucket {self._bucket!r} (HTTP {status} "
+                    f"{code}); check the credentials the AWS chain supplies "
+                    f"(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the profile "
+                    f"option, the shared credentials file), the region and the bucket policy"
+                ) from exc
+            raise self._translate("open", "", exc) from exc
+        except _CREDENTIAL_ERRORS as exc:
+            self._count_error(type(exc).__name__)
+            raise ConfigError(
+                f"no usable AWS credentials for {self._endpoint} ({type(exc).__name__}); set "
+                f"them through the AWS chain (environment, shared credentials file, profile, "
+                f"instance role)"
+            ) from exc
+        except (BotoCoreError, OSError) as exc:
+            raise self._translate("open", "", exc) from exc
+
+    def _create_bucket(self) -> None:
+        request: dict[str, Any] = {"Bucket": self._bucket}
+        region = self._client.meta.region_name
+        if region and region != "us-east-1":
+            request["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        self._count_request("create_bucket")
+        try:
+            self._client.create_bucket(**request)
+        except ClientError as exc:
+            if _code(exc)[0] not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                raise
+            self._client.head_bucket(Bucket=self._bucket)
+        logger.info("created bucket %r at %s", self._bucket, self._endpoint)
+
+    # -- concurrency ----------------------------------------------------------------------------
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
+        try:
+            return self._pool.submit(fn, *args)
+        except RuntimeError:  # the pool was shut down by close() in another thread
+            raise BackendClosedError(f"backend {self.name!r} is closed; create a new one") from None
+
+    def _map(self, fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]]) -> list[T]:
+        """Run ``fn(*job)`` for every job on the pool; results in order, first error raised.
+
+        On the first error, jobs not started are cancelled and those running are waited for
+        (they may be writing into the caller's buffers), then that error is raised.
+        """
+        if len(jobs) <= 1:
+            return [fn(*job) for job in jobs]
+        futures = [self._submit(fn, *job) for job in jobs]
+        _, pending = concurrent.futures.wait(
+            futures, return_when=concurrent.futures.FIRST_EXCEPTION
+        )
+        if pending:
+            for future in pending:
+                future.cancel()
+            concurrent.futures.wait(pending)
+            for future in futures:
+                error = None if future.cancelled() else future.exception()
+                if error is not None:
+                    raise error
+        return [future.result() for future in futures]
+
+    # -- errors and counters --------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendClosedError(f"backend {self.name!r} is closed; create a new one")
+
+    def _where(self, name: str) -> str:
+        return f"s3://{self._bucket}/{name} at {self._endpoint}"
+
+    @contextlib.contextmanager
+    def _errors(self, op: str, name: str) -> Iterator[None]:
+        """Translate botocore and socket failures of one request into typed backend errors."""
+        try:
+            yield
+        except HiCacheError:
+            raise
+        except (ClientError, BotoCoreError, OSError) as exc:
+            error = self._translate(op, name, exc)
+            raise error from exc
+
+    def _translate(self, op: str, name: str, exc: BaseException) -> BackendError:
+        """Return the typed error for a failed request (and count it by code)."""
+        where = f"s3 {op} of {self._where(name)}"
+        error: BackendError
+        if isinstance(exc, ClientError):
+            code, status = _code(exc)
+            message = exc.response.get("Error", {}).get("Message") or f"HTTP {status}"
+            if status == 403 or code in _AUTH_CODES:
+                error = BackendUnavailableError(
+                    f"{where}: access denied ({code}: {message}); check the credentials and "
+                    f"the bucket policy"
+                )
+                error.retryable = False
+            elif code == "NoSuchBucket":
+                error = BackendUnavailableError(f"{where}: the bucket does not exist")
+                error.retryable = False
+            elif status >= 500 or code in _BUSY_CODES:
+                error = BackendUnavailableError(
+                    f"{where}: the store is failing ({code}: {message})"
+                )
+            else:
+                error = BackendIOError(f"{where}: {code}: {message}")
+        else:
+            code = type(exc).__name__
+            if isinstance(exc, (ConnectTimeoutError, ReadTimeoutError)):
+                error = BackendTimeoutError(
+                    f"{where}: no answer within the timeouts (connect "
+                    f"{self.config.connect_timeout_s:g} s, read {self.config.read_timeout_s:g} s, "
+                    f"{self.config.max_attempts} attempts)"
+                )
+            elif isinstance(exc, FlexibleChecksumError):
+                error = IntegrityError(f"{where}: the object failed its checksum; not used")
+            elif isinstance(exc, IncompleteReadError):
+                error = BackendIOError(f"{where}: the response ended before its Content-Length")
+            elif isinstance(exc, _CREDENTIAL_ERRORS):
+                error = BackendUnavailableError(
+                    f"{where}: no usable AWS credentials ({code}); set them through the AWS "
+                    f"chain (environment, shared credentials file, profile, instance role)"
+                )
+                error.retryable = False
+            elif isinstance(exc, (OSError, BotoConnectionError, HTTPClientError)):
+                error = BackendUnavailableError(f"{where}: cannot reach the store ({code})")
+            else:
+                error = BackendIOError(f"{where}: {code}")
+        self._count_error(code)
+        return error
+
+    def _count_request(self, op: str) -> None:
+        with self._lock:
+            self._requests[op] += 1
+
+    def _count_error(self, code: str) -> None:
+        with self._lock:
+            self._error_counts[code] += 1
+
+    def _add(self, counter: str, amount: int) -> None:
+        with self._lock:
+            self._counts[counter] += amount
+
+
+def _fill(body: Any, view: memoryview) -> None:
+    """Read exactly ``view.nbytes`` bytes of ``body`` into ``view``, in chunks.
+
+    Raises
+    ------
+    IncompleteReadError
+        If the stream ends first (botocore raises it itself when it sees the end).
+    """
+    got = 0
+    total = view.nbytes
+    while got < total:
+        n = body.readinto(view[got : min(total, got + _CHUNK)])
+        if not n:
+            raise IncompleteReadError(actual_bytes=got, expected_bytes=total)
+        got += n

@@ -1,0 +1,31 @@
+"""Registers the S3 backend; imports nothing but the registry's lightweight records."""
+
+from __future__ import annotations
+
+from hicache_storage.capabilities import Capabilities
+from hicache_storage.registry import BackendSpec, hookimpl
+
+__all__ = ["SPEC", "hicache_backends"]
+
+SPEC = BackendSpec(
+    name="s3",
+    factory="hicache_storage.backends.s3.backend:S3Backend",
+    config="hicache_storage.backends.s3.config:S3Config",
+    extra="s3",
+    requires=("boto3", "botocore"),
+    capabilities=Capabilities(
+        persistent=True,
+        shared=True,
+        delete=True,
+        crash_safe_writes=True,
+        max_value_size=5 << 30,
+    ),
+    baseline="hicache_storage.backends.s3.baseline:RawBoto3Baseline",
+    description="one object per key in an S3 (or S3-compatible) bucket, under a prefix",
+)
+
+
+@hookimpl
+def hicache_backends() -> list[BackendSpec]:
+    """Provide the S3 backend."""
+    return [SPEC]

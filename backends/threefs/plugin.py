@@ -1,0 +1,29 @@
+"""Registers the 3FS backend; imports nothing but the registry's lightweight records."""
+
+from __future__ import annotations
+
+from hicache_storage.capabilities import Capabilities
+from hicache_storage.registry import BackendSpec, hookimpl
+
+__all__ = ["SPEC", "hicache_backends"]
+
+SPEC = BackendSpec(
+    name="3fs",
+    factory="hicache_storage.backends.threefs.backend:ThreeFSBackend",
+    config="hicache_storage.backends.threefs.config:ThreeFSConfig",
+    # usrbio (hf3fs_fuse.io) is optional and not on PyPI in usable form: the extra is empty and
+    # the backend runs on plain POSIX I/O without it.
+    extra="3fs",
+    requires=(),
+    # What an instance with in-process metadata promises; with metadata_url it also claims
+    # persistent, shared and crash_safe_writes, and max_value_size is its capacity.
+    capabilities=Capabilities(native_zero_copy=True, bounded=True, delete=True),
+    baseline="hicache_storage.backends.threefs.baseline:RawFileBaseline",
+    description="slots of large files on a 3FS mount, key -> slot map in process or shared",
+)
+
+
+@hookimpl
+def hicache_backends() -> list[BackendSpec]:
+    """Provide the 3FS backend."""
+    return [SPEC]

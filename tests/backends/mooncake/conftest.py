@@ -1,0 +1,29 @@
+"""A real Mooncake store for the session: a master and a segment holder on 127.0.0.1."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+
+import pytest
+
+from hicache_storage.backends.mooncake.provision import local_store
+from hicache_storage.conformance.provision import LocalService
+
+
+@pytest.fixture(scope="session")
+def mooncake_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalService]:
+    """Start ``mooncake_master`` and a 512 MB segment holder; stop both by PID afterwards."""
+    with local_store(tmp_path_factory.mktemp("mooncake")) as master:
+        yield master
+
+
+@pytest.fixture
+def options(mooncake_store: LocalService) -> dict[str, object]:
+    """Options of a pure client (no segment of its own) under a fresh prefix."""
+    return {
+        "master": mooncake_store.options["master"],
+        "global_segment_size": 0,
+        "local_hostname": "127.0.0.1",
+        "prefix": f"t-{secrets.token_hex(4)}/",
+    }

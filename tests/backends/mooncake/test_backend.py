@@ -1,0 +1,228 @@
+"""Mooncake-specific behaviour against the session's real master: zero-copy, prefixes, sizes."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import tracemalloc
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from hicache_storage import create_backend
+from hicache_storage.backends.mooncake.backend import (
+    MooncakeBackend,
+    escape_prefix,
+    unique_rounds,
+)
+from hicache_storage.backends.mooncake.config import MooncakeConfig
+from hicache_storage.conformance.provision import free_port
+from hicache_storage.errors import BackendUnavailableError, UnsupportedOperationError
+from hicache_storage.hostpool import HostKVPool, MHAHostPool, MLAHostPool
+
+LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
+
+
+def big_pool(kind: str, layout: str) -> HostKVPool:
+    """Eight pages of 64 KiB, so a bounce copy of one page would stand out."""
+    if kind == "mha":
+        return MHAHostPool(64, 8, 4, 4, 128, dtype=torch.bfloat16, layout=layout, pin_memory=False)
+    return MLAHostPool(64, 8, 4, 1024, dtype=torch.bfloat16, layout=layout, pin_memory=False)
+
+
+def indices(pool: HostKVPool, pages: list[int]) -> list[int]:
+    return [t for p in pages for t in range(p * pool.page_size, (p + 1) * pool.page_size)]
+
+
+def raw(pool: HostKVPool) -> torch.Tensor:
+    return pool.kv_buffer.view(-1).view(torch.uint8)
+
+
+class Recorder:
+    """Stands between the backend and its real store client and records the transfer calls."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self.store, name)
+        if not name.startswith(("batch_put", "batch_get", "put", "get")):
+            return target
+
+        def record(*args: Any) -> Any:
+            self.calls.append((name, args))
+            return target(*args)
+
+        return record
+
+
+@pytest.fixture
+def bare(options: dict[str, object]) -> Iterator[MooncakeBackend]:
+    backend = MooncakeBackend(MooncakeConfig(**options))  # type: ignore[arg-type]
+    yield backend
+    backend.clear()
+    backend.close()
+
+
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_v1_hands_mooncake_the_pools_own_buffers(
+    bare: MooncakeBackend, kind: str, layout: str
+) -> None:
+    pool = big_pool(kind, layout)
+    raw(pool).copy_(torch.randint(0, 256, raw(pool).shape, dtype=torch.uint8))
+    bare.register_host_pool(pool)
+    client = bare._client
+    recorder = Recorder(client.store)
+    client.store = recorder
+    keys = ["z0", "z1", "z2"]
+    try:
+        tracemalloc.start()
+        stored = bare.batch_set_v1(keys, indices(pool, [1, 4, 6]))
+        before = raw(pool).clone()
+        raw(pool)[:] = 0xA5
+        tracemalloc.reset_peak()
+        loaded = bare.batch_get_v1(keys, indices(pool, [1, 4, 6]))
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    finally:
+        client.store = recorder.store
+    assert stored == [True] * 3 and loaded == [True] * 3
+    meta = pool.page_buffer_meta(indices(pool, [1, 4, 6]))
+    ptrs = [[address for address, _ in page] for page in meta]
+    sizes = [[nbytes for _, nbytes in page] for page in meta]
+    assert [name for name, _ in recorder.calls] == [
+        "batch_put_from_multi_buffers",
+        "batch_get_into_multi_buffers",
+    ]
+    for _, (names, got_ptrs, got_sizes) in recorder.calls:
+        assert names == [bare._prefix + key for key in keys]
+        assert got_ptrs == ptrs and got_sizes == sizes
+    start = pool.kv_buffer.data_ptr()
+    end = start + raw(pool).numel()
+    assert all(start <= p < end for page in ptrs for p in page)
+    assert bare.stats()["registered_bytes"] >= raw(pool).numel()
+    assert peak < pool.page_nbytes, f"a {peak}-byte allocation during the v1 load"
+    for page in (1, 4, 6):  # the loaded pages are back; the rest still holds the canary
+        cols = pool.get_data_page(page * pool.page_size)
+        assert torch.equal(cols.view(-1).view(torch.uint8), _page_bytes(before, pool, page))
+
+
+def _page_bytes(snapshot: torch.Tensor, pool: HostKVPool, page: int) -> torch.Tensor:
+    copy = big_pool("mha" if not pool.is_mla else "mla", pool.layout.value)
+    raw(copy).copy_(snapshot)
+    return copy.get_data_page(page * pool.page_size).view(-1).view(torch.uint8)
+
+
+def test_v1_object_larger_than_page_is_refused_page_untouched(bare: MooncakeBackend) -> None:
+    pool = big_pool("mha", "page_first")
+    raw(pool).fill_(0x5A)
+    assert bare.set("big", b"x" * (pool.page_nbytes + 1))
+    bare.register_host_pool(pool)
+    assert bare.batch_get_v1(["big"], indices(pool, [2])) == [False]
+    assert bool((raw(pool) == 0x5A).all())
+    assert bare.stats()["errors"].get("size_mismatch") == 1
+
+
+def test_batch_get_larger_value_refused_not_truncated(bare: MooncakeBackend) -> None:
+    assert bare.set("v", b"abcdef")
+    out = bytearray(b"\x00" * 4)
+    assert bare.batch_get(["v"], [out]) == [False]
+    assert out == bytearray(4)
+
+
+def test_values_beyond_the_staging_buffer(options: dict[str, object]) -> None:
+    backend = create_backend("mooncake", {**options, "local_buffer_size": "4KiB"})
+    try:
+        values = [bytes([i]) * (3000 + 2000 * i) for i in range(4)]  # 3 KB .. 9 KB
+        keys = [f"s{i}" for i in range(4)]
+        assert backend.batch_set(keys, values) == [True] * 4
+        outs = [bytearray(len(v)) for v in values]
+        assert backend.batch_get(keys, outs) == [True] * 4
+        assert [bytes(o) for o in outs] == values
+        assert backend.get("s3") == values[3]
+        backend.clear()
+    finally:
+        backend.close()
+
+
+def test_repeated_key_in_one_batch_fills_every_destination(bare: MooncakeBackend) -> None:
+    assert unique_rounds(["a", "b", "a", "a", "c"]) == [[0, 1, 4], [2], [3]]
+    assert bare.batch_set(["a", "a"], [b"first", b"other"]) == [True, True]
+    outs = [bytearray(5), bytearray(5), bytearray(5)]
+    assert bare.batch_get(["a", "a", "a"], outs) == [True, True, True]
+    assert outs == [bytearray(b"first")] * 3
+
+
+def test_clear_removes_only_its_prefix(options: dict[str, object]) -> None:
+    token = secrets.token_hex(3)
+    # "iso.<t>/" unescaped would also match "isoX<t>/..." keys: the '.' must be escaped.
+    mine = create_backend("mooncake", {**options, "prefix": f"iso.{token}/"})
+    lookalike = create_backend("mooncake", {**options, "prefix": f"isoX{token}/"})
+    longer = create_backend("mooncake", {**options, "prefix": f"iso.{token}"})
+    try:
+        assert mine.set("k", b"1") and lookalike.set("k", b"2") and longer.set("other", b"3")
+        mine.clear()
+        assert not mine.exists("k")
+        assert lookalike.exists("k") and longer.exists("other")
+        assert escape_prefix("a.b+c/") == r"^a\.b\+c/"
+    finally:
+        for backend in (mine, lookalike, longer):
+            backend.delete("k")
+            backend.close()
+    longer_bare = MooncakeBackend(MooncakeConfig(**{**options, "prefix": ""}))  # type: ignore[arg-type]
+    with pytest.raises(UnsupportedOperationError, match="prefix"):
+        longer_bare.clear()
+    longer_bare.delete(f"iso.{token}other")
+    longer_bare.close()
+
+
+def test_data_outlives_the_writing_instance(options: dict[str, object]) -> None:
+    with create_backend("mooncake", options) as writer:
+        assert writer.set("kept", b"survives close")
+    with create_backend("mooncake", options) as reader:
+        assert reader.get("kept") == b"survives close"
+        assert reader.delete("kept") is True and reader.delete("kept") is False
+
+
+def _build_in_thread(options: dict[str, object]) -> BaseException | None:
+    """Build a backend in a thread; return its error (a hang shows as the thread still alive)."""
+    outcome: list[BaseException | None] = []
+
+    def build() -> None:
+        try:
+            MooncakeBackend(MooncakeConfig(**options)).close()  # type: ignore[arg-type]
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=build, daemon=True)
+    thread.start()
+    thread.join(30)  # setup() without a master would block about 90 s
+    assert not thread.is_alive(), "building the backend hung without a master"
+    return outcome[0]
+
+
+def test_unreachable_master_is_a_clear_error_not_a_hang() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    error = _build_in_thread({"master": address, "global_segment_size": 0})
+    assert isinstance(error, BackendUnavailableError)
+    assert address in str(error) and "not reachable" in str(error)
+
+
+def test_unroutable_master_fails_within_the_probe_timeout() -> None:
+    options = {"master": "10.255.255.1:50051", "global_segment_size": 0, "probe_timeout_s": 0.5}
+    error = _build_in_thread(options)
+    assert isinstance(error, BackendUnavailableError) and "10.255.255.1:50051" in str(error)
+
+
+def test_missing_master_config_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hicache_storage.errors import ConfigError
+
+    for name in ("MOONCAKE_MASTER", "MOONCAKE_CONFIG_PATH", "SGLANG_HICACHE_MOONCAKE_CONFIG_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError, match="MOONCAKE_MASTER"):
+        create_backend("mooncake", {})

@@ -1,0 +1,34 @@
+"""Real Redis servers for the Redis backend's tests, started once per session, stopped by PID.
+
+The services are published in ``$HICACHE_SERVICES`` so the conformance suite, run in a
+subprocess, can stop and restart them for its server-fault checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from hicache_storage.backends.redis import provision
+from hicache_storage.conformance.provision import LocalService, publish
+
+
+@pytest.fixture(scope="session")
+def redis_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalService]:
+    service = provision.standalone(tmp_path_factory.mktemp("redis-standalone"))
+    with service, publish(service):
+        yield service
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalService]:
+    service = provision.cluster(tmp_path_factory.mktemp("redis-cluster"))
+    with service, publish(service):
+        yield service
+
+
+@pytest.fixture(params=["standalone", "cluster"])
+def redis_service(request: pytest.FixtureRequest) -> LocalService:
+    service: LocalService = request.getfixturevalue(f"redis_{request.param}")
+    return service

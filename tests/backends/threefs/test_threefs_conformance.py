@@ -1,0 +1,38 @@
+"""The 3FS backend passes the conformance suite with both kinds of metadata.
+
+In process: the files belong to one instance, so the shared/persistent checks are skipped as
+unclaimed, and there is no server whose faults to check. With the metadata service: every
+check runs, the multi-process ones through the one service, and the server-fault checks stop
+and restart it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hicache_storage.conformance.provision import LocalService
+from hicache_storage.conformance.report import load_report, run_suite
+
+from ...helpers import assert_conforms
+from .conftest import GEOMETRY, service_options
+
+
+def test_suite_passes_with_in_process_metadata(tmp_path: Path) -> None:
+    config = {"path": str(tmp_path / "store"), **GEOMETRY}
+    assert run_suite("3fs", config, tmp_path / "report") == 0
+    report = load_report(tmp_path / "report")
+    assert_conforms(report)
+    assert {"native_zero_copy", "bounded", "delete"} <= set(report.capabilities)
+    assert not {"shared", "persistent", "crash_safe_writes"} & set(report.capabilities)
+
+
+def test_suite_passes_with_metadata_service(tmp_path: Path, shared_service: LocalService) -> None:
+    config = service_options(shared_service, tmp_path / "store")
+    assert run_suite("3fs", config, tmp_path / "report") == 0
+    report = load_report(tmp_path / "report")
+    assert_conforms(report, server_faults=True)
+    claimed = set(report.capabilities)
+    assert {"shared", "persistent", "crash_safe_writes", "native_zero_copy"} <= claimed
+    ran = {c.id for c in report.checks if c.outcome == "passed"}
+    assert any(c.startswith("TestMultiProcess::") for c in ran)
+    assert any(c.startswith("TestCrashSafety::") for c in ran)
