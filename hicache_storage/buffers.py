@@ -36,6 +36,11 @@ def as_readable(value: object) -> memoryview:
     InvalidValueError
         If ``value`` is not a C-contiguous buffer or a contiguous CPU torch tensor.
     """
+    if isinstance(value, (bytes, bytearray)):
+        return memoryview(value)
+    if isinstance(value, memoryview) and value.format == "B" and value.c_contiguous:
+        if value.ndim == 1:
+            return value
     view = _torch_view(value)
     if view is None:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -68,12 +69,13 @@ def test_published_service_is_the_server_control(tmp_path: Path) -> None:
     port = free_port()
     service = http_service(tmp_path, port)
     service._save()
+    before = os.environ.get(SERVICES_ENV)
     with publish(service):
         found = find_server_control("memory", {"url": f"http://127.0.0.1:{port}", "x": 1})
         assert isinstance(found, LocalService) and found.state_file == service.state_file
         assert find_server_control("memory", {"url": "http://elsewhere"}) is None
         assert find_server_control("file", {"url": f"http://127.0.0.1:{port}"}) is None
-    assert SERVICES_ENV not in __import__("os").environ
+    assert os.environ.get(SERVICES_ENV) == before
 
 
 def test_process_that_dies_reports_its_log(tmp_path: Path) -> None:

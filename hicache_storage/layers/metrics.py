@@ -112,6 +112,7 @@ class MetricsLayer(ForwardingBackend):
         self._ops: dict[str, _OpStats] = {}
         self._bytes = {"read": 0, "written": 0}
         self._prom = _prometheus()
+        self._children: dict[tuple[str, str], Any] = {}
 
     def _record(
         self,
@@ -132,15 +133,39 @@ class MetricsLayer(ForwardingBackend):
             if moved is not None:
                 self._bytes[moved[0]] += moved[1]
         if self._prom is not None:
-            self._prom.calls.labels(self.name, op).inc()
-            self._prom.seconds.labels(self.name, op).observe(seconds)
-            if error is not None:
-                self._prom.errors.labels(self.name, op, error).inc()
-            for outcome, count in outcomes.items():
-                if count:
-                    self._prom.keys.labels(self.name, op, outcome).inc(count)
-            if moved is not None and moved[1]:
-                self._prom.bytes.labels(self.name, moved[0]).inc(moved[1])
+            self._export(op, seconds, outcomes, moved, error)
+
+    def _export(
+        self,
+        op: str,
+        seconds: float,
+        outcomes: dict[str, int],
+        moved: tuple[str, int] | None,
+        error: str | None,
+    ) -> None:
+        """Update the Prometheus series; labelled children are looked up once and kept."""
+        prom = self._prom
+        assert prom is not None
+        children = self._children
+        calls = children.get(("calls", op))
+        if calls is None:
+            calls = children[("calls", op)] = prom.calls.labels(self.name, op)
+            children[("seconds", op)] = prom.seconds.labels(self.name, op)
+        calls.inc()
+        children[("seconds", op)].observe(seconds)
+        if error is not None:
+            prom.errors.labels(self.name, op, error).inc()
+        for outcome, count in outcomes.items():
+            if count:
+                counter = children.get((op, outcome))
+                if counter is None:
+                    counter = children[(op, outcome)] = prom.keys.labels(self.name, op, outcome)
+                counter.inc(count)
+        if moved is not None and moved[1]:
+            counter = children.get(("bytes", moved[0]))
+            if counter is None:
+                counter = children[("bytes", moved[0])] = prom.bytes.labels(self.name, moved[0])
+            counter.inc(moved[1])
 
     def _timed(
         self,
