@@ -13,6 +13,9 @@ from .errors import InvalidValueError
 
 __all__ = ["as_readable", "as_writable"]
 
+_FLAT = ("B", 1, True)
+"""(format, ndim, c_contiguous) of a view that is already what :func:`as_readable` returns."""
+
 
 def _torch_view(value: Any) -> memoryview | None:
     torch = sys.modules.get("torch")
@@ -38,9 +41,8 @@ def as_readable(value: object) -> memoryview:
     """
     if isinstance(value, (bytes, bytearray)):
         return memoryview(value)
-    if isinstance(value, memoryview) and value.format == "B" and value.c_contiguous:
-        if value.ndim == 1:
-            return value
+    if isinstance(value, memoryview) and (value.format, value.ndim, value.c_contiguous) == _FLAT:
+        return value
     view = _torch_view(value)
     if view is None:
         try:

@@ -322,7 +322,7 @@ def test_no_temp_left_after_writes(backend: FileBackend) -> None:
     assert temps_under(Path(backend.root)) == []
 
 
-@pytest.mark.parametrize("target", ["pwritev", "write"])
+@pytest.mark.parametrize("target", ["pwritev", "pwrite"])
 def test_disk_full_leaves_no_key_and_no_temp(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str
 ) -> None:
@@ -331,7 +331,7 @@ def test_disk_full_leaves_no_key_and_no_temp(
     def full(*args: object) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    if target == "write":
+    if target == "pwrite":
         monkeypatch.delattr(os, "pwritev")
     monkeypatch.setattr(os, target, full)
     with pytest.raises(BackendIOError) as info:

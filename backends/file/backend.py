@@ -52,6 +52,7 @@ from hicache_storage.errors import (
     InvalidKeyError,
 )
 from hicache_storage.keys.validation import validate_key
+from hicache_storage.vectored import flat, read_into, write_from
 
 from .config import FileConfig
 from .evictor import LRUCapacity
@@ -87,77 +88,6 @@ _blake2b = hashlib.blake2b
 _FANOUT_DIR = re.compile(r"[0-9a-f]{2}")
 _META_LIMIT = 1 << 18
 """Most entries the metadata cache keeps; the oldest insertion is dropped beyond it."""
-
-
-def _iov_max() -> int:
-    try:
-        value = os.sysconf("SC_IOV_MAX")
-    except (AttributeError, ValueError, OSError):
-        return 1024
-    return value if value > 0 else 1024
-
-
-_IOV_MAX = _iov_max()
-
-
-def _flat(view: memoryview) -> memoryview:
-    """Return ``view`` as a 1-D unsigned-byte view, so that slicing counts bytes."""
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-
-
-def _advance(pending: list[memoryview], index: int, done: int) -> int:
-    """Consume ``done`` bytes from ``pending[index:]``; return the index of the next buffer."""
-    while done and index < len(pending):
-        size = pending[index].nbytes
-        if done >= size:
-            done -= size
-            index += 1
-        else:
-            pending[index] = pending[index][done:]
-            done = 0
-    return index
-
-
-def _write_all(fd: int, views: Sequence[memoryview]) -> None:
-    """Write ``views`` back to back from offset 0, looping over partial writes."""
-    pending = [view for view in views if view.nbytes]
-    pwritev = getattr(os, "pwritev", None)
-    index = offset = 0
-    while index < len(pending):
-        if pwritev is not None:
-            done = pwritev(fd, pending[index : index + _IOV_MAX], offset)
-        else:
-            done = os.write(fd, pending[index])
-        if done <= 0:
-            raise OSError(errno.EIO, "write made no progress")
-        offset += done
-        index = _advance(pending, index, done)
-
-
-def _read_all(fd: int, views: Sequence[memoryview], size: int) -> bool:
-    """Fill ``views`` (``size`` bytes in all) from offset 0; return False if the file ends first."""
-    preadv = getattr(os, "preadv", None)
-    offset = 0
-    if preadv is not None and 0 < len(views) <= _IOV_MAX:  # the usual case: one call does it
-        offset = preadv(fd, views, 0)
-        if offset == size:
-            return True
-        if offset <= 0:
-            return False
-    pending = [view for view in views if view.nbytes]
-    index = _advance(pending, 0, offset)
-    while index < len(pending):
-        if preadv is not None:
-            done = preadv(fd, pending[index : index + _IOV_MAX], offset)
-        else:
-            chunk = os.pread(fd, pending[index].nbytes, offset)
-            done = len(chunk)
-            pending[index][:done] = chunk
-        if done <= 0:
-            return False
-        offset += done
-        index = _advance(pending, index, done)
-    return True
 
 
 def _read_bytes(fd: int, size: int) -> bytes | None:
@@ -284,7 +214,7 @@ class FileBackend(StorageBackend):
                     f"{key!r} has {size}"
                 )
             else:
-                result = out if _read_all(fd, [dst], size) else None
+                result = out if read_into(fd, [dst]) == size else None
         except OSError as exc:
             raise _io_error(f"read {key!r}", exc) from exc
         finally:
@@ -344,7 +274,7 @@ class FileBackend(StorageBackend):
         self._check_open()
         pages = self.page_views(keys, host_indices)
         return [
-            self._load_page(key, [_flat(view) for view in views])
+            self._load_page(key, [flat(view) for view in views])
             for key, views in zip(keys, pages, strict=True)
         ]
 
@@ -356,8 +286,8 @@ class FileBackend(StorageBackend):
         pages = self.page_views(keys, host_indices)
         results = []
         for key, views in zip(keys, pages, strict=True):
-            flat = [_flat(view) for view in views]
-            results.append(self._store(key, flat, sum(view.nbytes for view in flat)))
+            buffers = [flat(view) for view in views]
+            results.append(self._store(key, buffers, sum(view.nbytes for view in buffers)))
         return results
 
     # -- housekeeping ---------------------------------------------------------------------------
@@ -476,7 +406,7 @@ class FileBackend(StorageBackend):
             size = os.fstat(fd).st_size
             if size != sum(view.nbytes for view in views):
                 return False
-            complete = _read_all(fd, views, size)
+            complete = read_into(fd, views) == size
         except OSError as exc:
             raise _io_error(f"read {key!r}", exc) from exc
         finally:
@@ -541,7 +471,7 @@ class FileBackend(StorageBackend):
             raise _io_error(f"create a temporary file for {key!r} in {directory!r}", exc) from exc
         try:
             try:
-                _write_all(fd, views)
+                write_from(fd, views)
                 if self._fsync:
                     os.fsync(fd)
             finally:

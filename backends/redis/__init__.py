@@ -6,8 +6,9 @@ The names below load on first use, so importing :mod:`.plugin` (which runs this 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hicache_storage.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .backend import RedisBackend
@@ -15,17 +16,6 @@ if TYPE_CHECKING:
 
 __all__ = ["RedisBackend", "RedisConfig"]
 
-_EXPORTS = {"RedisBackend": ".backend", "RedisConfig": ".config"}
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(
+    __name__, {"RedisBackend": ".backend", "RedisConfig": ".config"}
+)

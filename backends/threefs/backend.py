@@ -48,6 +48,7 @@ from hicache_storage.errors import (
     BufferSizeError,
     ConfigError,
 )
+from hicache_storage.vectored import flat
 
 from .config import ThreeFSConfig
 from .io import IORequest, SlotIO, open_io
@@ -79,10 +80,6 @@ def namespace_of(config: ThreeFSConfig, deployment: Deployment) -> str:
     if deployment.cp_size > 1:
         parts.append(f"cp{deployment.cp_rank}of{deployment.cp_size}")
     return ".".join(parts)
-
-
-def _flat(view: memoryview) -> memoryview:
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
 class _Cursor:
@@ -279,7 +276,7 @@ class ThreeFSBackend(StorageBackend):
         """Read each key straight into its page's buffers in the host pool."""
         self._parts()
         pages = self.page_views(keys, host_indices)
-        return self._load(keys, [[_flat(view) for view in views] for views in pages])
+        return self._load(keys, [[flat(view) for view in views] for views in pages])
 
     def batch_set_v1(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
@@ -287,7 +284,7 @@ class ThreeFSBackend(StorageBackend):
         """Write each key straight from its page's buffers in the host pool."""
         self._parts()
         pages = self.page_views(keys, host_indices)
-        return self._store(keys, [[_flat(view) for view in views] for views in pages])
+        return self._store(keys, [[flat(view) for view in views] for views in pages])
 
     # -- housekeeping ---------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from types import ModuleType
 from typing import Any, Literal, NamedTuple
 
 from hicache_storage.errors import ConfigError, MissingDependencyError
+from hicache_storage.vectored import read_into, write_from
 
 __all__ = [
     "HF3FS_SUPER_MAGIC",
@@ -52,17 +53,6 @@ USRBIO_MODULE = "hf3fs_fuse.io"
 _FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 
 
-def _iov_max() -> int:
-    try:
-        value = os.sysconf("SC_IOV_MAX")
-    except (AttributeError, ValueError, OSError):
-        return 1024
-    return value if value > 0 else 1024
-
-
-_IOV_MAX = _iov_max()
-
-
 class IORequest(NamedTuple):
     """One contiguous range of a data file and the buffers that map onto it, in order."""
 
@@ -74,19 +64,6 @@ class IORequest(NamedTuple):
     def nbytes(self) -> int:
         """Bytes the request moves."""
         return sum(buffer.nbytes for buffer in self.buffers)
-
-
-def _advance(pending: list[memoryview], index: int, done: int) -> int:
-    """Consume ``done`` bytes from ``pending[index:]``; return the index of the next buffer."""
-    while done and index < len(pending):
-        size = pending[index].nbytes
-        if done >= size:
-            done -= size
-            index += 1
-        else:
-            pending[index] = pending[index][done:]
-            done = 0
-    return index
 
 
 def _chunks(buffers: Sequence[memoryview], limit: int) -> list[list[memoryview]]:
@@ -227,28 +204,11 @@ class PosixIO(SlotIO):
             self._write_one(request)
 
     def _read_one(self, request: IORequest) -> None:
-        fd = self.fds[request.file]
-        pending = [view for view in request.buffers if view.nbytes]
-        offset = request.offset
-        index = 0
-        while index < len(pending):
-            done = os.preadv(fd, pending[index : index + _IOV_MAX], offset)
-            if done <= 0:
-                raise OSError(errno.EIO, f"{self.paths[request.file]} ends before {offset}")
-            offset += done
-            index = _advance(pending, index, done)
+        if read_into(self.fds[request.file], request.buffers, request.offset) < request.nbytes:
+            raise OSError(errno.EIO, f"{self.paths[request.file]} ends before {request.offset}")
 
     def _write_one(self, request: IORequest) -> None:
-        fd = self.fds[request.file]
-        pending = [view for view in request.buffers if view.nbytes]
-        offset = request.offset
-        index = 0
-        while index < len(pending):
-            done = os.pwritev(fd, pending[index : index + _IOV_MAX], offset)
-            if done <= 0:
-                raise OSError(errno.EIO, f"write to {self.paths[request.file]} made no progress")
-            offset += done
-            index = _advance(pending, index, done)
+        write_from(self.fds[request.file], request.buffers, request.offset)
 
 
 class _Rings(threading.local):
