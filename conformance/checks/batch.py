@@ -1,0 +1,100 @@
+"""Batch calls: one answer per key, in order; ``batch_exists`` counts the leading hits."""
+
+# ruff: noqa: D102 - each check is named test_<what>_<condition>; the name is its doc
+from __future__ import annotations
+
+import pytest
+
+from hicache_storage.backend import StorageBackend
+from hicache_storage.conformance.fixtures import Keyspace
+from hicache_storage.conformance.workers import make_value
+from hicache_storage.errors import BatchMismatchError
+
+__all__ = ["TestBatch", "TestPrefix"]
+
+
+class TestBatch:
+    """Batch calls: one answer per key, in order, for every batch shape."""
+
+    def test_batch_get_preserves_order(self, backend: StorageBackend, k: Keyspace) -> None:
+        keys = k.many("o", 6)
+        values = [make_value(key, 100 + 37 * i) for i, key in enumerate(keys)]
+        assert backend.batch_set(keys, values) == [True] * 6
+        order = [4, 0, 5, 2, 1, 3]
+        outs = [bytearray(len(values[i])) for i in order]
+        assert backend.batch_get([keys[i] for i in order], outs) == [True] * 6
+        for i, out in zip(order, outs, strict=True):
+            assert bytes(out) == values[i]
+
+    def test_batch_results_length_matches_keys(self, backend: StorageBackend, k: Keyspace) -> None:
+        keys = k.many("l", 5)
+        set_result = backend.batch_set(keys, [b"abc"] * 5)
+        get_result = backend.batch_get(keys, [bytearray(3) for _ in keys])
+        assert len(set_result) == 5 and len(get_result) == 5
+
+    def test_batch_empty_returns_empty(self, backend: StorageBackend) -> None:
+        assert backend.batch_set([], []) == []
+        assert backend.batch_get([], []) == []
+        assert backend.batch_exists([]) == 0
+
+    def test_batch_duplicate_keys_consistent(self, backend: StorageBackend, k: Keyspace) -> None:
+        one, two = make_value("dup1", 64), make_value("dup2", 64)
+        assert backend.batch_set([k("d"), k("d")], [one, two]) == [True, True]
+        outs = [bytearray(64), bytearray(64)]
+        assert backend.batch_get([k("d"), k("d")], outs) == [True, True]
+        assert bytes(outs[0]) in (one, two) and outs[0] == outs[1]
+        assert backend.batch_exists([k("d"), k("d")]) == 2
+
+    def test_batch_long_300_keys(self, backend: StorageBackend, k: Keyspace) -> None:
+        keys = k.many("long", 300)
+        values = [make_value(key, 64 + i % 7) for i, key in enumerate(keys)]
+        assert backend.batch_set(keys, values) == [True] * 300
+        assert backend.batch_exists(keys) == 300
+        outs = [bytearray(len(v)) for v in values]
+        assert backend.batch_get(keys, outs) == [True] * 300
+        assert all(bytes(o) == v for o, v in zip(outs, values, strict=True))
+
+    def test_batch_get_per_key_hit_miss(self, backend: StorageBackend, k: Keyspace) -> None:
+        keys = k.many("hm", 6)
+        for key in keys[::2]:
+            assert backend.set(key, make_value(key, 128))
+        outs = [bytearray(128) for _ in keys]
+        assert backend.batch_get(keys, outs) == [True, False] * 3
+        for key, out in zip(keys[::2], outs[::2], strict=True):
+            assert bytes(out) == make_value(key, 128)
+
+    def test_batch_get_wrong_size_is_miss(self, backend: StorageBackend, k: Keyspace) -> None:
+        assert backend.set(k("a"), b"x" * 100) and backend.set(k("b"), b"y" * 10)
+        outs = [bytearray(99), bytearray(10)]
+        assert backend.batch_get([k("a"), k("b")], outs) == [False, True]
+        assert bytes(outs[1]) == b"y" * 10
+
+    def test_batch_mismatched_lengths_refused(self, backend: StorageBackend, k: Keyspace) -> None:
+        with pytest.raises(BatchMismatchError):
+            backend.batch_set([k("a"), k("b")], [b"x"])
+        with pytest.raises(BatchMismatchError):
+            backend.batch_get([k("a")], [bytearray(1), bytearray(1)])
+        assert backend.exists(k("a")) is False
+
+
+class TestPrefix:
+    """``batch_exists`` counts the leading run of hits and stops at the first gap."""
+
+    def test_batch_exists_first_missing_zero(self, backend: StorageBackend, k: Keyspace) -> None:
+        keys = k.many("p", 4)
+        for key in keys[1:]:
+            assert backend.set(key, b"v")
+        assert backend.batch_exists(keys) == 0
+
+    def test_batch_exists_all_hit_n(self, backend: StorageBackend, k: Keyspace) -> None:
+        keys = k.many("p", 7)
+        assert backend.batch_set(keys, [b"v"] * 7) == [True] * 7
+        assert backend.batch_exists(keys) == 7
+
+    def test_batch_exists_stops_at_gap(self, backend: StorageBackend, k: Keyspace) -> None:
+        keys = k.many("p", 6)
+        for i, key in enumerate(keys):
+            if i != 2:
+                assert backend.set(key, b"v")
+        assert backend.batch_exists(keys) == 2
+        assert backend.batch_exists(keys[3:]) == 3

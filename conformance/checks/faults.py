@@ -1,0 +1,145 @@
+"""Faults: injected load failures never give wrong bytes; a stopped server gives misses."""
+
+# ruff: noqa: D102 - each check is named test_<what>_<condition>; the name is its doc
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgspec
+import pytest
+import torch
+
+from hicache_storage.backend import StorageBackend
+from hicache_storage.config import FaultConfig, FaultRule
+from hicache_storage.conformance.checks.common import (
+    SENTINEL,
+    SLACK_S,
+    _bytes,
+    _expected_after_load,
+    _indices,
+    _pool,
+    _random_fill,
+    _raw,
+    _sentinel_fill,
+)
+from hicache_storage.conformance.factory import BackendFactory
+from hicache_storage.conformance.fixtures import Keyspace, cleanup
+from hicache_storage.conformance.server import ServerControl, find_server_control
+
+__all__ = ["server_control", "TestFaults", "TestServerFaults"]
+
+
+class TestFaults:
+    """With injected load failures, every key loads correctly or reports a miss; never bad bytes."""
+
+    def test_v1_faults_never_wrong_bytes(
+        self, hicache_factory: BackendFactory, k: Keyspace
+    ) -> None:
+        faults = FaultConfig(seed=1234, ops={"batch_get_v1": FaultRule(failure_rate=0.5)})
+        layers = msgspec.structs.replace(hicache_factory.layers, faults=faults)
+        with hicache_factory(layers) as instance:
+            source = _pool("mha", "layer_first", pages=16)
+            _random_fill(source, seed=99)
+            keys = k.many("fault", 16)
+            instance.register_host_pool(source)
+            assert instance.batch_set_v1(keys, _indices(source, range(16))) == [True] * 16
+            assert instance.batch_exists(keys) == 16
+            target = _pool("mha", "layer_first", pages=16)
+            _sentinel_fill(target)
+            instance.register_host_pool(target)
+            order = list(reversed(range(16)))
+            hits = instance.batch_get_v1(keys, _indices(target, order))
+            moves = [
+                (src, dst) for src, dst, hit in zip(range(16), order, hits, strict=True) if hit
+            ]
+            assert torch.equal(_raw(target), _expected_after_load(target, source, moves, "mha"))
+            cleanup(hicache_factory, instance, k)
+
+
+def _server_timeout(control: ServerControl, options: dict[str, Any]) -> float:
+    value = getattr(control, "timeout_s", None)
+    if isinstance(value, (int, float)):
+        return float(value)
+    for name in ("timeout_s", "op_timeout_s", "request_timeout_s", "timeout"):
+        option = options.get(name)
+        if isinstance(option, (int, float)) and not isinstance(option, bool):
+            return float(option)
+    return 5.0
+
+
+@pytest.fixture
+def server_control(hicache_factory: BackendFactory) -> Iterator[ServerControl]:
+    """Yield the plugin-provided server control; skip when no plugin provides one."""
+    control = find_server_control(hicache_factory.name, hicache_factory.options)
+    if control is None:
+        pytest.skip(
+            f"no server control for backend {hicache_factory.name} "
+            f"(provide the hicache_conformance_server hook)"
+        )
+    try:
+        yield control
+    finally:
+        control.start()
+
+
+class TestServerFaults:
+    """With the server down every call answers a miss in time; after a restart it works again."""
+
+    def test_server_down_calls_miss_within_timeout(
+        self,
+        server_control: ServerControl,
+        hicache_factory: BackendFactory,
+        backend: StorageBackend,
+        k: Keyspace,
+    ) -> None:
+        layers = msgspec.structs.replace(hicache_factory.layers, degrade=True, faults=None)
+        limit = _server_timeout(server_control, hicache_factory.options) + SLACK_S
+        pool = _pool("mha", "layer_first")
+        with hicache_factory(layers) as instance:
+            instance.register_host_pool(pool)
+            assert instance.set(k("up"), b"before the outage")
+            server_control.stop()
+            _sentinel_fill(pool)
+            calls: dict[str, tuple[Callable[[], object], object]] = {
+                "get": (lambda: instance.get(k("up")), None),
+                "get_into": (lambda: instance.get(k("up"), bytearray(17)), None),
+                "exists": (lambda: instance.exists(k("up")), False),
+                "set": (lambda: instance.set(k("down"), b"x"), False),
+                "batch_get": (lambda: instance.batch_get([k("up")], [bytearray(17)]), [False]),
+                "batch_set": (lambda: instance.batch_set([k("down")], [b"x"]), [False]),
+                "batch_exists": (lambda: instance.batch_exists([k("up")]), 0),
+                "batch_get_v1": (
+                    lambda: instance.batch_get_v1([k("up")], _indices(pool, [1])),
+                    [False],
+                ),
+                "batch_set_v1": (
+                    lambda: instance.batch_set_v1([k("down")], _indices(pool, [2])),
+                    [False],
+                ),
+            }
+            for op, (call, miss) in calls.items():
+                start = time.monotonic()
+                result = call()
+                elapsed = time.monotonic() - start
+                assert elapsed <= limit, f"{op} took {elapsed:.2f}s with the server down"
+                assert result == miss, f"{op} returned {result!r} with the server down"
+            assert bool((_raw(pool) == SENTINEL).all()), "a failed load wrote into the pool"
+
+    def test_server_restart_recovers(
+        self,
+        server_control: ServerControl,
+        hicache_factory: BackendFactory,
+        backend: StorageBackend,
+        k: Keyspace,
+    ) -> None:
+        limit = _server_timeout(server_control, hicache_factory.options) + SLACK_S
+        server_control.stop()
+        backend.get(k("r"))
+        server_control.start()
+        deadline = time.monotonic() + 2 * limit
+        while not backend.set(k("r"), b"after restart") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        got = backend.get(k("r"))
+        assert got is not None and _bytes(got) == b"after restart"
