@@ -22,6 +22,17 @@ from hicache_storage.keys import chain_hashes
 
 from .unified_helpers import fill_pages, read_pages
 
+__all__ = [
+    "StoreFactory",
+    "model",
+    "shared_store",
+    "test_fp8_e4m3_and_e5m2_never_exchange_bytes",
+    "test_mla_ranks_share_one_copy_written_by_rank_zero",
+    "test_readers_of_another_namespace_miss",
+    "test_tp2_tp1_and_pp2_readers_load_bit_identical_kv",
+]
+"""What a backend's test folder imports to run these tests; it defines its own ``store``."""
+
 LAYERS, HEADS, HEAD_DIM, PAGE, PAGES = 4, 8, 16, 4, 6
 TOKENS = PAGE * PAGES
 SENTINEL = 0x5A

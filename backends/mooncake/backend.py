@@ -318,20 +318,7 @@ class MooncakeBackend(StorageBackend):
         self._check_open()
         if self._region is None:
             return super().batch_get_v1(keys, host_indices)
-        ptrs, sizes = self._page_meta(keys, host_indices)
-        if not keys:
-            return []
-        names = self._keys(keys)
-        client = self._client
-        codes = [0] * len(names)
-        for members in unique_rounds(names):
-            with client.call("batch_get_into_multi_buffers", self._count):
-                got = client.store.batch_get_into_multi_buffers(
-                    _pick(names, members), _pick(ptrs, members), _pick(sizes, members)
-                )
-            for index, code in zip(members, got, strict=True):
-                codes[index] = code
-        client.check_batch(codes, "batch_get_into_multi_buffers", self._count)
+        names, codes, sizes = self._move_pages("batch_get_into_multi_buffers", keys, host_indices)
         hits = self._hits(codes, [sum(page) for page in sizes], names)
         self._tally("pages_read", sum(hits))
         return hits
@@ -343,23 +330,30 @@ class MooncakeBackend(StorageBackend):
         self._check_open()
         if self._region is None:
             return super().batch_set_v1(keys, host_indices)
-        ptrs, sizes = self._page_meta(keys, host_indices)
-        if not keys:
-            return []
-        names = self._keys(keys)
-        client = self._client
-        codes = [0] * len(names)
-        for members in unique_rounds(names):
-            with client.call("batch_put_from_multi_buffers", self._count):
-                got = client.store.batch_put_from_multi_buffers(
-                    _pick(names, members), _pick(ptrs, members), _pick(sizes, members)
-                )
-            for index, code in zip(members, got, strict=True):
-                codes[index] = code
-        client.check_batch(codes, "batch_put_from_multi_buffers", self._count)
+        _, codes, _ = self._move_pages("batch_put_from_multi_buffers", keys, host_indices)
         stored = self._stored(codes)
         self._tally("pages_written", sum(stored))
         return stored
+
+    def _move_pages(
+        self, op: str, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> tuple[list[str], list[int], list[list[int]]]:
+        """Run the multi-buffer call ``op`` on each key's page buffers, in place.
+
+        Returns the store's names of the keys, one return code per key and the buffer sizes of
+        each page. A name repeated in one batch goes in a later call (see :func:`unique_rounds`).
+        """
+        ptrs, sizes = self._page_meta(keys, host_indices)
+        names = self._keys(keys)
+        codes = [0] * len(names)
+        call = getattr(self._client.store, op)
+        for members in unique_rounds(names):
+            with self._client.call(op, self._count):
+                got = call(_pick(names, members), _pick(ptrs, members), _pick(sizes, members))
+            for index, code in zip(members, got, strict=True):
+                codes[index] = code
+        self._client.check_batch(codes, op, self._count)
+        return names, codes, sizes
 
     # -- the staging path -----------------------------------------------------------------------
 

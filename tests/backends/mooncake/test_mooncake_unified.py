@@ -6,23 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.test_unified_e2e import (
-    StoreFactory,
-    model,
-    shared_store,
-    test_fp8_e4m3_and_e5m2_never_exchange_bytes,
-    test_mla_ranks_share_one_copy_written_by_rank_zero,
-    test_readers_of_another_namespace_miss,
-    test_tp2_tp1_and_pp2_readers_load_bit_identical_kv,
-)
-
-__all__ = [
-    "model",
-    "test_fp8_e4m3_and_e5m2_never_exchange_bytes",
-    "test_mla_ranks_share_one_copy_written_by_rank_zero",
-    "test_readers_of_another_namespace_miss",
-    "test_tp2_tp1_and_pp2_readers_load_bit_identical_kv",
-]
+from tests.test_unified_e2e import *  # noqa: F403
+from tests.test_unified_e2e import StoreFactory, shared_store
 
 
 @pytest.fixture
