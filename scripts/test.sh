@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Set up, lint, type-check and run the whole test suite: the command CI runs.
+# Set up (servers included), lint, type-check and run the whole test suite: the command CI runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/setup-servers.sh
 # The third-party example package: tests/test_example_thirdparty.py needs its entry point.
 .venv/bin/python -m pip install -q -e examples/thirdparty --no-deps --no-build-isolation
 .venv/bin/ruff check .
