@@ -792,38 +792,19 @@ def run_bench(
 
     if mode not in ("copy", "v1"):
         raise ConfigError(f"mode must be 'copy' or 'v1', got {mode!r}")
+    common: dict[str, Any] = {
+        "batch_size": batch_size,
+        "batches": batches,
+        "repeat": repeat,
+        "run_id": run_id,
+        "progress": report,
+    }
     if mode == "v1":
-        results = [
-            _bench_page_size_v1(
-                name,
-                struct,
-                baseline_type,
-                size,
-                batch_size=batch_size,
-                batches=batches,
-                repeat=repeat,
-                run_id=run_id,
-                layout=layout,
-                progress=report,
-            )
-            for size in page_sizes
-        ]
+        common["layout"] = layout
     else:
-        results = [
-            _bench_page_size(
-                name,
-                struct,
-                baseline_type,
-                size,
-                batch_size=batch_size,
-                batches=batches,
-                repeat=repeat,
-                run_id=run_id,
-                rng=rng,
-                progress=report,
-            )
-            for size in page_sizes
-        ]
+        common["rng"] = rng
+    measure = _bench_page_size_v1 if mode == "v1" else _bench_page_size
+    results = [measure(name, struct, baseline_type, size, **common) for size in page_sizes]
     report(f"page hashing: {hash_tokens} tokens in {hash_page_tokens}-token pages")
     hashing = bench_hashing(tokens=hash_tokens, page_tokens=hash_page_tokens, repeat=repeat)
     return BenchReport(

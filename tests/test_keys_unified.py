@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -219,7 +220,6 @@ def test_fp8_variants_do_not_share_a_keyspace() -> None:
     e5m2 = mha(0, 1, dtype="float8_e5m2")
     assert e4m3.namespace.dtype == "float8_e4m3fn" and e5m2.namespace.dtype == "float8_e5m2"
     assert not set(e4m3.keys(HASHES)) & set(e5m2.keys(HASHES))
-    torch = pytest.importorskip("torch")
     assert logical_dtype(torch.float8_e5m2) == "float8_e5m2"
     assert logical_dtype(torch.bfloat16) == logical_dtype("bf16") == "bfloat16"
 
