@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import platform
@@ -391,13 +392,18 @@ class Bench:
             del transfer, view, pool
 
     def concurrent(self, layout: str) -> Row:
-        """GB/s of D2H and H2D at once on two streams: kernels (8 SMs each) vs contiguous copies."""
+        """GB/s of D2H and H2D at once on two streams: kernels vs contiguous copies.
+
+        The D2H kernel runs on 8 SMs, unpaced or paced to each ``--both-caps`` GB/s; the H2D
+        kernel on each ``--both-load-sms`` budget. Pacing the writes and giving the reads more
+        SMs both shorten the read round trip the H2D kernel is bound by (docs/performance.md).
+        """
         pages = max(self.args.pages)
         pool = self.host_pool(layout)
         out_dev, out_host = self.indices(pages)
         in_dev, in_host = self.indices(pages, second=True)
         nbytes = pages * self.page_size * self.shape.token_nbytes(self.device.dtype.itemsize)
-        transfer = KVTransfer(self.device, pool, backend="triton", sm_budget=8)
+        backup = KVTransfer(self.device, pool, backend="triton", sm_budget=8)
         pinned, staging = self.pinned[:nbytes], self.staging[:nbytes]
         pinned2, staging2 = self.second_pinned[:nbytes], self.second_staging[:nbytes]
         result: Row = {
@@ -407,22 +413,29 @@ class Bench:
             "layout": layout,
             "nbytes_each_way": nbytes,
         }
-        pairs = {
+        pairs: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
             "contig": (
                 lambda: pinned.copy_(staging, non_blocking=True),
                 lambda: staging2.copy_(pinned2, non_blocking=True),
             ),
-            "kernel": (
-                lambda: transfer.backup(out_dev, out_host),
-                lambda: transfer.load(in_host, in_dev),
-            ),
         }
+        for sms in self.args.both_load_sms:
+            load = KVTransfer(self.device, pool, backend="triton", sm_budget=sms)
+            for cap in self.args.both_caps:
+                pairs[_both_name(cap, sms)] = (
+                    functools.partial(backup.backup, out_dev, out_host, max_gbps=cap),
+                    functools.partial(load.load, in_host, in_dev),
+                )
         for name, (d2h, h2d) in pairs.items():
             d2h_s, h2d_s, both_s = _two_streams(d2h, h2d, self.args.samples)
             result[f"{name}_total"] = 2 * nbytes / both_s / 1e9
             result[f"{name}_d2h"] = nbytes / d2h_s / 1e9
             result[f"{name}_h2d"] = nbytes / h2d_s / 1e9
         return result
+
+
+def _both_name(cap: float | None, load_sms: int) -> str:
+    return f"kernel_cap{cap or 0:g}_load{load_sms}"
 
 
 def _two_streams(
@@ -517,6 +530,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--budgets", default="4,8,0", help="SM budgets; 0 means unlimited")
     parser.add_argument("--quick", action="store_true", help="64-token pages, 64 and 256 pages")
     parser.add_argument(
+        "--both-caps",
+        default="0,42",
+        help="D2H paces (GB/s) for the both-directions run; 0 means unpaced",
+    )
+    parser.add_argument(
+        "--both-load-sms", default="8,16", help="H2D SM budgets for the both-directions run"
+    )
+    parser.add_argument(
         "--loop-limit",
         type=int,
         default=40000,
@@ -534,6 +555,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.pages = [int(v) for v in args.pages.split(",")]
     args.layouts = [Layout.parse(v).value for v in args.layouts.split(",")]
     args.budgets = [int(v) or None for v in args.budgets.split(",")]
+    args.both_caps = [float(v) or None for v in args.both_caps.split(",")]
+    args.both_load_sms = [int(v) for v in args.both_load_sms.split(",")]
     return args
 
 
@@ -570,18 +593,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.cuda.empty_cache()
             _write(args.json, meta, cases, concurrent)
     print(
-        "\n| shape | page | pages | layout | contig d2h+h2d GB/s (d2h, h2d) "
-        "| kernels d2h+h2d GB/s (d2h, h2d) | % |"
+        "\n| shape | page | pages | layout | D2H pace | H2D SMs "
+        "| contig d2h+h2d GB/s (d2h, h2d) | kernels d2h+h2d GB/s (d2h, h2d) | % |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in concurrent:
-        contig, kernel = float(row["contig_total"]), float(row["kernel_total"])
-        print(
-            f"| {row['shape']} | {row['page_size']} | {row['pages']} | {row['layout']} "
-            f"| {contig:.1f} ({row['contig_d2h']:.1f}, {row['contig_h2d']:.1f}) "
-            f"| {kernel:.1f} ({row['kernel_d2h']:.1f}, {row['kernel_h2d']:.1f}) "
-            f"| {100 * kernel / contig:.0f} |"
-        )
+        contig = float(row["contig_total"])
+        for sms in args.both_load_sms:
+            for cap in args.both_caps:
+                name = _both_name(cap, sms)
+                kernel = float(row[f"{name}_total"])
+                print(
+                    f"| {row['shape']} | {row['page_size']} | {row['pages']} | {row['layout']} "
+                    f"| {'-' if cap is None else f'{cap:g} GB/s'} | {sms} "
+                    f"| {contig:.1f} ({row['contig_d2h']:.1f}, {row['contig_h2d']:.1f}) "
+                    f"| {kernel:.1f} ({row[f'{name}_d2h']:.1f}, {row[f'{name}_h2d']:.1f}) "
+                    f"| {100 * kernel / contig:.0f} |"
+                )
     for line in _summary(cases):
         print(line)
     print(f"wrote {args.json}")

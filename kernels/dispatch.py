@@ -7,6 +7,7 @@ otherwise. Every call is asynchronous on the current CUDA stream, like a ``copy_
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,12 +52,17 @@ class KernelConfig:
         Upper bound on the bytes of one chunk, the power-of-two piece of a row a tile row holds.
     programs_per_sm
         Programs per SM when the launch has no SM budget.
+    pdl
+        Launch with programmatic dependent launch where the GPU has it (Hopper and later): a
+        launch starts while the previous kernel on the stream drains, which hides most of the
+        launch latency between back-to-back per-layer copies.
     """
 
     tile_bytes: int = 32768
     num_warps: int = 16
     max_chunk_bytes: int = 512
     programs_per_sm: int = 1
+    pdl: bool = True
 
 
 def _interpreting() -> bool:
@@ -134,6 +140,11 @@ class KVTransfer:
         self.backend: Literal["triton", "reference"] = self._resolve(backend)
         self.config = config or KernelConfig()
         self._plan: LaunchPlan | None = None
+        self._pdl = (
+            self.config.pdl
+            and device.device.type == "cuda"
+            and torch.cuda.get_device_capability(device.device) >= (9, 0)
+        )
         if self.backend == "triton":
             from hicache_storage.kernels.triton_kernels import plan_transfer
 
@@ -153,16 +164,34 @@ class KVTransfer:
         self._sm_budget = value
 
     def load(
-        self, host_indices: Indices, device_indices: Indices, *, layer: int | None = None
+        self,
+        host_indices: Indices,
+        device_indices: Indices,
+        *,
+        layer: int | None = None,
+        max_gbps: float | None = None,
     ) -> None:
-        """Copy host slots into device slots (host → device), one layer or all."""
-        self._run(device_indices, host_indices, to_host=False, layer=layer)
+        """Copy host slots into device slots (host → device), one layer or all.
+
+        ``max_gbps`` paces the GPU kernel to about that many GB/s (see :meth:`backup`).
+        """
+        self._run(device_indices, host_indices, to_host=False, layer=layer, max_gbps=max_gbps)
 
     def backup(
-        self, device_indices: Indices, host_indices: Indices, *, layer: int | None = None
+        self,
+        device_indices: Indices,
+        host_indices: Indices,
+        *,
+        layer: int | None = None,
+        max_gbps: float | None = None,
     ) -> None:
-        """Copy device slots into host slots (device → host), one layer or all."""
-        self._run(device_indices, host_indices, to_host=True, layer=layer)
+        """Copy device slots into host slots (device → host), one layer or all.
+
+        ``max_gbps`` paces the GPU kernel to about that many GB/s, leaving the rest of the PCIe
+        link to a load running at the same time (``docs/kernels.md``, *Both directions at
+        once*). The reference and interpreter paths have no link to share and ignore it.
+        """
+        self._run(device_indices, host_indices, to_host=True, layer=layer, max_gbps=max_gbps)
 
     def _resolve(self, backend: Backend) -> Literal["triton", "reference"]:
         if backend == "reference":
@@ -207,9 +236,16 @@ class KVTransfer:
         *,
         to_host: bool,
         layer: int | None,
+        max_gbps: float | None,
     ) -> None:
         if layer is not None and not 0 <= layer < self.device.layer_num:
             raise HostPoolError(f"layer {layer} is outside [0, {self.device.layer_num})")
+        if max_gbps is not None and (
+            isinstance(max_gbps, bool)
+            or not isinstance(max_gbps, int | float)
+            or not 0 < max_gbps < math.inf
+        ):
+            raise ConfigError(f"max_gbps must be a positive number or None, got {max_gbps!r}")
         target = self.device.device
         dev_idx = _index_tensor(device_indices, "device_indices", self.device.size, target)
         host_idx = _index_tensor(host_indices, "host_indices", self.host.size, target)
@@ -232,4 +268,6 @@ class KVTransfer:
             layer_begin=0 if layer is None else layer,
             layer_count=self.device.layer_num if layer is None else 1,
             programs=self._programs(),
+            max_gbps=max_gbps if self.device.device.type == "cuda" else None,
+            pdl=self._pdl,
         )

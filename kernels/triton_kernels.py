@@ -27,15 +27,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from hicache_storage.kernels.pools import DevicePool, HostView
 
 if TYPE_CHECKING:
     from hicache_storage.kernels.dispatch import KernelConfig
 
-__all__ = ["LaunchPlan", "launch", "plan_transfer"]
+__all__ = ["LaunchPlan", "launch", "pace_nanoseconds", "plan_transfer", "split_tokens"]
 
 _WORD_TYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# Launches of at most this many tiles per program are re-tiled so every program gets as many.
+_BALANCED_ROUNDS = 4
 
 
 @triton.jit
@@ -57,6 +60,7 @@ def _tile_addresses(
     layer_total,
     token_blocks,
     layer_blocks,
+    tile_tokens,
     CHUNK: tl.constexpr,
     CHUNKS_PER_ROW: tl.constexpr,
     ALIGN: tl.constexpr,
@@ -88,9 +92,10 @@ def _tile_addresses(
     else:
         in_token = row % TOKENS
         in_layer = row // TOKENS
-    token = token_block * TOKENS + in_token
+    token = token_block * tile_tokens + in_token
     layer = layer_block * LAYERS + in_layer
-    live = (in_token < TOKENS) & (in_layer < LAYERS) & (token < n_tokens) & (layer < layer_count)
+    live = (in_token < tile_tokens) & (in_layer < LAYERS)
+    live &= (token < n_tokens) & (layer < layer_count)
     layer += layer_begin
     dev_slot = tl.load(dev_index_ptr + token, mask=live, other=0)
     host_slot = tl.load(host_index_ptr + token, mask=live, other=0).to(tl.int32)
@@ -112,6 +117,14 @@ def _tile_addresses(
 
 
 @triton.jit
+def _nanoseconds():
+    """Read the GPU's global nanosecond timer (PTX ``%globaltimer``)."""
+    return tl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+    )
+
+
+@triton.jit
 def _transfer_kernel(
     dev_ptr,
     dev_offsets_ptr,
@@ -129,7 +142,9 @@ def _transfer_kernel(
     layer_total,
     token_blocks,
     layer_blocks,
+    tile_tokens,
     n_tiles,
+    pace_ns,
     CHUNK: tl.constexpr,
     CHUNKS_PER_ROW: tl.constexpr,
     ALIGN: tl.constexpr,
@@ -139,12 +154,21 @@ def _transfer_kernel(
     SLOTS: tl.constexpr,
     TOKEN_MAJOR: tl.constexpr,
     TO_HOST: tl.constexpr,
+    PACED: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Copy every tile ``program_id, program_id + num_programs, ...`` from one side to the other.
 
     Software-pipelined by one tile: the loads of the next tile are issued before the stores of
-    the current one, so two tiles per program are in flight across the PCIe round trip.
+    the current one, so two tiles per program are in flight across the PCIe round trip. When
+    ``PACED``, a program that is ahead of ``pace_ns`` nanoseconds per tile waits on the GPU
+    timer before its next tile, which caps the launch's share of the link. With ``PDL``
+    (programmatic dependent launch) the launch may start while the previous kernel on the
+    stream finishes, and waits for it to complete before touching any memory; it lets the next
+    one start when its programs reach their last tile.
     """
+    if PDL:
+        gdc_wait()
     dev_at, host_at, mask = _tile_addresses(
         tl.program_id(0),
         dev_ptr,
@@ -163,6 +187,7 @@ def _transfer_kernel(
         layer_total,
         token_blocks,
         layer_blocks,
+        tile_tokens,
         CHUNK,
         CHUNKS_PER_ROW,
         ALIGN,
@@ -178,6 +203,8 @@ def _transfer_kernel(
     else:
         data = tl.load(host_at, mask=mask)
         dst = dev_at
+    if PACED:
+        due = _nanoseconds()
     for tile in range(tl.program_id(0) + tl.num_programs(0), n_tiles, tl.num_programs(0)):
         next_dev, next_host, next_mask = _tile_addresses(
             tile,
@@ -197,6 +224,7 @@ def _transfer_kernel(
             layer_total,
             token_blocks,
             layer_blocks,
+            tile_tokens,
             CHUNK,
             CHUNKS_PER_ROW,
             ALIGN,
@@ -206,6 +234,11 @@ def _transfer_kernel(
             SLOTS,
             TOKEN_MAJOR,
         )
+        if PACED:
+            due += pace_ns
+            now = _nanoseconds()
+            while now < due:
+                now = _nanoseconds()
         if TO_HOST:
             next_data = tl.load(next_dev, mask=next_mask)
             next_dst = next_host
@@ -214,6 +247,8 @@ def _transfer_kernel(
             next_dst = next_dev
         tl.store(dst, data, mask=mask)
         data, dst, mask = next_data, next_dst, next_mask
+    if PDL:
+        gdc_launch_dependents()
     tl.store(dst, data, mask=mask)
 
 
@@ -366,6 +401,29 @@ def plan_transfer(device: DevicePool, host: HostView, config: KernelConfig) -> L
     )
 
 
+def split_tokens(n_tokens: int, tokens: int, units: int, programs: int) -> int:
+    """Tokens per tile for ``n_tokens`` tokens in tiles of at most ``tokens``.
+
+    There are ``units`` tiles per token block (K/V halves times layer blocks), dealt to
+    ``programs`` programs in rounds. A launch of a few rounds is as slow as its busiest program,
+    so when the last round would be part-empty the tokens are cut into smaller tiles that fill
+    the rounds; the busiest program never gets more tokens than before.
+    """
+    n_tiles = units * triton.cdiv(n_tokens, tokens)
+    rounds = triton.cdiv(n_tiles, programs)
+    if not 1 < rounds <= _BALANCED_ROUNDS or n_tiles % programs == 0:
+        return tokens
+    blocks = rounds * programs // units
+    if blocks * units <= n_tiles:
+        return tokens
+    return triton.cdiv(n_tokens, blocks)
+
+
+def pace_nanoseconds(tile_nbytes: int, programs: int, max_gbps: float) -> int:
+    """Nanoseconds each of ``programs`` programs spends per tile for ``max_gbps`` in all."""
+    return max(1, round(tile_nbytes * programs / max_gbps))
+
+
 def launch(
     plan: LaunchPlan,
     device_indices: torch.Tensor,
@@ -375,10 +433,14 @@ def launch(
     layer_begin: int,
     layer_count: int,
     programs: int,
+    max_gbps: float | None = None,
+    pdl: bool = False,
 ) -> None:
     """Launch one copy of ``layer_count`` layers from ``layer_begin`` on at most ``programs`` CTAs.
 
     ``device_indices`` and ``host_indices`` must be int64 tensors on the kernel's device.
+    ``max_gbps`` paces the launch to about that many GB/s (see :class:`KVTransfer`); ``pdl``
+    launches it with programmatic dependent launch (Hopper and later).
     """
     n_tokens = int(device_indices.numel())
     if n_tokens == 0:
@@ -391,10 +453,17 @@ def launch(
         layers = min(layer_count, shape.tokens // tokens)
         slots = _next_pow2(tokens * layers * plan.chunks_per_row)
         shape = TileShape(shape.token_major, tokens, layers, slots)
-    token_blocks = triton.cdiv(n_tokens, shape.tokens)
     layer_blocks = triton.cdiv(layer_count, shape.layers)
-    n_tiles = plan.num_kv * token_blocks * layer_blocks
-    kernel: Any = _transfer_kernel[(max(1, min(programs, n_tiles)),)]
+    units = plan.num_kv * layer_blocks
+    tile_tokens = split_tokens(n_tokens, shape.tokens, units, programs)
+    token_blocks = triton.cdiv(n_tokens, tile_tokens)
+    n_tiles = units * token_blocks
+    grid = max(1, min(programs, n_tiles))
+    pace_ns = 0
+    if max_gbps is not None:
+        row_nbytes = plan.chunks_per_row * plan.chunk * plan.word_bytes
+        pace_ns = pace_nanoseconds(tile_tokens * shape.layers * row_nbytes, grid, max_gbps)
+    kernel: Any = _transfer_kernel[(grid,)]
     kernel(
         plan.dev_tensor,
         plan.dev_offsets,
@@ -409,7 +478,9 @@ def launch(
         plan.layer_num,
         token_blocks,
         layer_blocks,
+        tile_tokens,
         n_tiles,
+        pace_ns,
         CHUNK=plan.chunk,
         CHUNKS_PER_ROW=plan.chunks_per_row,
         ALIGN=plan.align,
@@ -419,5 +490,8 @@ def launch(
         SLOTS=shape.slots,
         TOKEN_MAJOR=shape.token_major,
         TO_HOST=to_host,
+        PACED=pace_ns > 0,
+        PDL=pdl,
         num_warps=plan.num_warps,
+        **({"launch_pdl": True} if pdl else {}),
     )

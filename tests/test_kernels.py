@@ -11,8 +11,11 @@ CI runs few hypothesis examples; set HICACHE_KERNEL_EXAMPLES (e.g. 500) for a ni
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -193,6 +196,7 @@ def run(
     backend: Backend,
     config: KernelConfig | None = None,
     sm_budget: int | None = None,
+    max_gbps: float | None = None,
 ) -> None:
     transfer = KVTransfer(
         setup.device, setup.host, backend=backend, config=config, sm_budget=sm_budget
@@ -203,12 +207,14 @@ def run(
             torch.tensor(dev_idx, dtype=torch.int64),
             torch.tensor(host_idx, dtype=torch.int64),
             layer=layer,
+            max_gbps=max_gbps,
         )
     else:
         transfer.load(
             torch.tensor(host_idx, dtype=torch.int64),
             torch.tensor(dev_idx, dtype=torch.int64),
             layer=layer,
+            max_gbps=max_gbps,
         )
 
 
@@ -229,6 +235,7 @@ class Case:
     layer: int | None
     config: KernelConfig
     sm_budget: int | None
+    max_gbps: float | None
     seed: int
 
 
@@ -268,6 +275,7 @@ def cases(draw: st.DrawFn) -> Case:
             max_chunk_bytes=draw(st.sampled_from([8, 32, 512])),
         ),
         sm_budget=draw(st.sampled_from([None, 1, 3])),
+        max_gbps=draw(st.sampled_from([None, 40.0])),
         seed=draw(st.integers(0, 2**16)),
     )
 
@@ -310,6 +318,7 @@ def test_transfer_moves_exactly_the_listed_slots(backend: Backend, case: Case) -
         backend=backend,
         config=case.config,
         sm_budget=case.sm_budget,
+        max_gbps=case.max_gbps,
     )
     assert (
         problems(setup, before, case.dev_idx, case.host_idx, to_host=case.to_host, layer=case.layer)
@@ -475,6 +484,117 @@ def test_sm_budget_must_be_positive() -> None:
         transfer.sm_budget = 0
     transfer.sm_budget = 8
     assert transfer.sm_budget == 8
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.inf, math.nan, True, "40"])
+def test_max_gbps_must_be_a_positive_number(bad: object) -> None:
+    setup = small_setup()
+    transfer = KVTransfer(setup.device, setup.host, backend="triton")
+    before = snapshot(setup)
+    with pytest.raises(ConfigError, match="max_gbps must be a positive number"):
+        transfer.backup([0, 1], [2, 3], max_gbps=bad)  # type: ignore[arg-type]
+    assert problems(setup, before, [], [], to_host=True, layer=None) == []
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    n_tokens=st.integers(1, 5000),
+    tokens=st.integers(1, 300),
+    units=st.integers(1, 200),
+    programs=st.integers(1, 140),
+)
+def test_split_tokens_never_loads_the_busiest_program_more(
+    n_tokens: int, tokens: int, units: int, programs: int
+) -> None:
+    from hicache_storage.kernels.triton_kernels import split_tokens
+
+    def busiest(tile_tokens: int) -> int:
+        tiles = units * math.ceil(n_tokens / tile_tokens)
+        return math.ceil(tiles / programs) * tile_tokens
+
+    tile_tokens = split_tokens(n_tokens, tokens, units, programs)
+    assert 1 <= tile_tokens <= tokens
+    assert busiest(tile_tokens) <= busiest(tokens)
+
+
+def test_split_tokens_fills_the_last_round_of_a_short_launch() -> None:
+    from hicache_storage.kernels.triton_kernels import split_tokens
+
+    # MLA, one layer of 256 one-token pages on 8 programs: tiles of 28 tokens make 10 tiles, so
+    # two programs would carry twice the others' bytes; tiles of 16 give every program two.
+    assert split_tokens(256, 28, 1, 8) == 16
+    assert split_tokens(256, 32, 2, 8) == 32  # 16 tiles on 8 programs: already even
+    assert split_tokens(4096, 28, 1, 8) == 28  # many rounds: the tail is a small share
+
+
+def test_pace_spreads_the_rate_over_the_programs() -> None:
+    from hicache_storage.kernels.triton_kernels import pace_nanoseconds
+
+    pace = pace_nanoseconds(32768, 8, 40.0)
+    assert pace == 6554  # 8 programs each moving 32 KiB per 6.554 µs: 40 GB/s in all
+    assert 32768 * 8 / pace == pytest.approx(40.0, rel=1e-3)
+
+
+HOPPER_BUILD = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from hicache_storage.kernels.triton_kernels import _transfer_kernel
+
+names = list(_transfer_kernel.arg_names)
+pointers = {"dev_ptr", "dev_offsets_ptr", "host_ptr", "dev_index_ptr", "host_index_ptr"}
+report = {}
+for paced, pdl in ((False, False), (True, False), (False, True)):
+    constants = dict(CHUNK=16, CHUNKS_PER_ROW=2, ALIGN=16, PAGE=1, TOKENS=8, LAYERS=1, SLOTS=16,
+                     TOKEN_MAJOR=False, TO_HOST=True, PACED=paced, PDL=pdl)
+    signature = {n: "constexpr" if n in constants else "*i64" if n in pointers else "i64"
+                 for n in names}
+    constexprs = {(names.index(n),): v for n, v in constants.items()}
+    aligned = {(names.index(n),): [["tt.divisibility", 16]] for n in pointers}
+    try:
+        built = triton.compile(ASTSource(_transfer_kernel, signature, constexprs, aligned),
+                               target=GPUTarget("cuda", 90, 32))
+    except RuntimeError as exc:
+        print(json.dumps({"unavailable": str(exc)}))
+        sys.exit(0)
+    ptx = built.asm["ptx"]
+    report[f"{paced}-{pdl}"] = {
+        "timer": "%globaltimer" in ptx,
+        "wait": "griddepcontrol.wait" in ptx,
+        "trigger": "griddepcontrol.launch_dependents" in ptx,
+        "wide": "st.global.v2.b64" in ptx and "st.global.b64" not in ptx,
+        "cubin": len(built.asm["cubin"]) > 0,
+    }
+print(json.dumps(report))
+"""
+
+
+def test_kernel_compiles_for_hopper_with_pacing_and_pdl() -> None:
+    """The GPU-only variants (GPU timer, programmatic dependent launch) build for sm_90.
+
+    The interpreter cannot run them, so CI at least compiles them, in a process without
+    TRITON_INTERPRET, down to a cubin with Triton's own ptxas, and checks that the PTX uses what
+    each needs and still stores 16 bytes at a time when the pointers are 16-byte aligned.
+    """
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", HOPPER_BUILD],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    if "unavailable" in report:
+        pytest.skip(f"this Triton build cannot compile sm_90 code: {report['unavailable']}")
+    built = {"wide": True, "cubin": True}
+    assert report == {
+        "False-False": {"timer": False, "wait": False, "trigger": False, **built},
+        "True-False": {"timer": True, "wait": False, "trigger": False, **built},
+        "False-True": {"timer": False, "wait": True, "trigger": True, **built},
+    }
 
 
 def test_host_view_rejects_strides_past_its_buffer() -> None:
