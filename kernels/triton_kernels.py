@@ -409,14 +409,14 @@ def split_tokens(n_tokens: int, tokens: int, units: int, programs: int) -> int:
     so when the last round would be part-empty the tokens are cut into smaller tiles that fill
     the rounds; the busiest program never gets more tokens than before.
     """
-    n_tiles = units * triton.cdiv(n_tokens, tokens)
-    rounds = triton.cdiv(n_tiles, programs)
+    n_tiles = units * -(-n_tokens // tokens)
+    rounds = -(-n_tiles // programs)
     if not 1 < rounds <= _BALANCED_ROUNDS or n_tiles % programs == 0:
         return tokens
     blocks = rounds * programs // units
     if blocks * units <= n_tiles:
         return tokens
-    return triton.cdiv(n_tokens, blocks)
+    return -(-n_tokens // blocks)
 
 
 def pace_nanoseconds(tile_nbytes: int, programs: int, max_gbps: float) -> int:
