@@ -36,7 +36,7 @@ from hicache_storage.hostpool import Layout, MHAHostPool, MLAHostPool
 from hicache_storage.kernels.dispatch import KVTransfer
 from hicache_storage.kernels.pools import DevicePool, HostView
 
-__all__ = ["SHAPES", "Shape", "main"]
+__all__ = ["SHAPES", "Bench", "Shape", "main", "parse_args", "two_streams"]
 
 
 @dataclass(frozen=True)
@@ -427,7 +427,7 @@ class Bench:
                     functools.partial(load.load, in_host, in_dev),
                 )
         for name, (d2h, h2d) in pairs.items():
-            d2h_s, h2d_s, both_s = _two_streams(d2h, h2d, self.args.samples)
+            d2h_s, h2d_s, both_s = two_streams(d2h, h2d, self.args.samples)
             result[f"{name}_total"] = 2 * nbytes / both_s / 1e9
             result[f"{name}_d2h"] = nbytes / d2h_s / 1e9
             result[f"{name}_h2d"] = nbytes / h2d_s / 1e9
@@ -438,7 +438,7 @@ def _both_name(cap: float | None, load_sms: int) -> str:
     return f"kernel_cap{cap or 0:g}_load{load_sms}"
 
 
-def _two_streams(
+def two_streams(
     first: Callable[[], object], second: Callable[[], object], samples: int
 ) -> tuple[float, float, float]:
     """Median seconds of ``first`` and ``second`` started together on two streams, and of both."""
@@ -515,7 +515,8 @@ def _row(case: Case) -> str:
     )
 
 
-def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse the bench's command line (also how other tools build a :class:`Bench`)."""
     parser = argparse.ArgumentParser(
         prog="python -m hicache_storage.kernels.bench", description=__doc__.split("\n")[0]
     )
@@ -562,7 +563,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; return a process exit code."""
-    args = _parse_args(argv)
+    args = parse_args(argv)
     if not torch.cuda.is_available():
         print("the kernel benchmark needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -52,6 +52,9 @@ class KernelConfig:
         Upper bound on the bytes of one chunk, the power-of-two piece of a row a tile row holds.
     programs_per_sm
         Programs per SM when the launch has no SM budget.
+    balance_rounds
+        Launches of at most this many tiles per program are cut into smaller tiles when that
+        evens out the programs' shares (0: never).
     pdl
         Launch with programmatic dependent launch where the GPU has it (Hopper and later): a
         launch starts while the previous kernel on the stream drains, which hides most of the
@@ -62,6 +65,7 @@ class KernelConfig:
     num_warps: int = 16
     max_chunk_bytes: int = 512
     programs_per_sm: int = 1
+    balance_rounds: int = 4
     pdl: bool = True
 
 

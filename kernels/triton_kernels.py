@@ -37,8 +37,6 @@ if TYPE_CHECKING:
 __all__ = ["LaunchPlan", "launch", "pace_nanoseconds", "plan_transfer", "split_tokens"]
 
 _WORD_TYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-# Launches of at most this many tiles per program are re-tiled so every program gets as many.
-_BALANCED_ROUNDS = 4
 
 
 @triton.jit
@@ -286,6 +284,7 @@ class LaunchPlan:
     chunks_per_row: int
     align: int
     num_warps: int
+    balance_rounds: int
     per_layer: TileShape
     all_layers: TileShape
 
@@ -396,22 +395,25 @@ def plan_transfer(device: DevicePool, host: HostView, config: KernelConfig) -> L
         chunks_per_row=chunks_per_row,
         align=align,
         num_warps=config.num_warps,
+        balance_rounds=config.balance_rounds,
         per_layer=_tile_shape(host, 1, chunks_per_row, target),
         all_layers=_tile_shape(host, device.layer_num, chunks_per_row, target),
     )
 
 
-def split_tokens(n_tokens: int, tokens: int, units: int, programs: int) -> int:
+def split_tokens(
+    n_tokens: int, tokens: int, units: int, programs: int, balance_rounds: int = 4
+) -> int:
     """Tokens per tile for ``n_tokens`` tokens in tiles of at most ``tokens``.
 
     There are ``units`` tiles per token block (K/V halves times layer blocks), dealt to
-    ``programs`` programs in rounds. A launch of a few rounds is as slow as its busiest program,
-    so when the last round would be part-empty the tokens are cut into smaller tiles that fill
-    the rounds; the busiest program never gets more tokens than before.
+    ``programs`` programs in rounds. A launch of at most ``balance_rounds`` rounds is as slow as
+    its busiest program, so when its last round would be part-empty the tokens are cut into
+    smaller tiles that fill the rounds; the busiest program never gets more tokens than before.
     """
     n_tiles = units * -(-n_tokens // tokens)
     rounds = -(-n_tiles // programs)
-    if not 1 < rounds <= _BALANCED_ROUNDS or n_tiles % programs == 0:
+    if not 1 < rounds <= balance_rounds or n_tiles % programs == 0:
         return tokens
     blocks = rounds * programs // units
     if blocks * units <= n_tiles:
@@ -455,7 +457,7 @@ def launch(
         shape = TileShape(shape.token_major, tokens, layers, slots)
     layer_blocks = triton.cdiv(layer_count, shape.layers)
     units = plan.num_kv * layer_blocks
-    tile_tokens = split_tokens(n_tokens, shape.tokens, units, programs)
+    tile_tokens = split_tokens(n_tokens, shape.tokens, units, programs, plan.balance_rounds)
     token_blocks = triton.cdiv(n_tokens, tile_tokens)
     n_tiles = units * token_blocks
     grid = max(1, min(programs, n_tiles))

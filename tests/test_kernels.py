@@ -273,6 +273,7 @@ def cases(draw: st.DrawFn) -> Case:
         config=KernelConfig(
             tile_bytes=draw(st.sampled_from([16, 96, 512, 32768])),
             max_chunk_bytes=draw(st.sampled_from([8, 32, 512])),
+            balance_rounds=draw(st.sampled_from([0, 4])),
         ),
         sm_budget=draw(st.sampled_from([None, 1, 3])),
         max_gbps=draw(st.sampled_from([None, 40.0])),
@@ -525,6 +526,7 @@ def test_split_tokens_fills_the_last_round_of_a_short_launch() -> None:
     assert split_tokens(256, 28, 1, 8) == 16
     assert split_tokens(256, 32, 2, 8) == 32  # 16 tiles on 8 programs: already even
     assert split_tokens(4096, 28, 1, 8) == 28  # many rounds: the tail is a small share
+    assert split_tokens(256, 28, 1, 8, balance_rounds=0) == 28
 
 
 def test_pace_spreads_the_rate_over_the_programs() -> None:
