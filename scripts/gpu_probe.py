@@ -181,16 +181,29 @@ def _both(bench: Bench) -> None:
         functools.partial(KVTransfer(bench.device, pool, sm_budget=8).load, in_host, in_dev),
     )
     show("kernel D2H (8 SMs) + copy-engine H2D", kernel_d2h, ce_h2d)
-    for sms in (8, 12, 16, 24):
-        load = functools.partial(
-            KVTransfer(bench.device, pool, sm_budget=sms).load, in_host, in_dev
-        )
+    loads = {
+        sms: functools.partial(KVTransfer(bench.device, pool, sm_budget=sms).load, in_host, in_dev)
+        for sms in (8, 12, 16, 24)
+    }
+    for sms, load in loads.items():
         for cap in (None, 46, 44, 42, 40):
             pace = "unpaced" if cap is None else f"paced to {cap} GB/s"
             show(
                 f"kernel D2H (8 SMs, {pace}) + kernel H2D ({sms} SMs)",
                 functools.partial(kernel_d2h, max_gbps=cap),
                 load,
+            )
+    # Smaller bursts of paced writes: fewer D2H SMs, or smaller D2H tiles.
+    for d2h_sms, tile in ((4, 32768), (8, 8192)):
+        small = KVTransfer(
+            bench.device, pool, sm_budget=d2h_sms, config=KernelConfig(tile_bytes=tile)
+        )
+        for sms in (8, 12):
+            show(
+                f"kernel D2H ({d2h_sms} SMs, {tile // 1024} KiB tiles, paced to 42 GB/s) "
+                f"+ kernel H2D ({sms} SMs)",
+                functools.partial(small.backup, out_dev, out_host, max_gbps=42),
+                loads[sms],
             )
 
 
