@@ -448,11 +448,11 @@ def launch(
     if n_tokens == 0:
         return
     shape = plan.all_layers if layer_count == plan.layer_num > 1 else plan.per_layer
-    if shape.layers == 1 and layer_count > 1 and n_tokens < shape.tokens:
+    tokens = _next_pow2(n_tokens)
+    layers = min(layer_count, shape.tokens // tokens)
+    if shape.layers == 1 and layers > 1:
         # Few tokens: fill the tile with more layers instead of leaving most of it masked off,
         # which would cut the bytes each program keeps in flight.
-        tokens = _next_pow2(n_tokens)
-        layers = min(layer_count, shape.tokens // tokens)
         slots = _next_pow2(tokens * layers * plan.chunks_per_row)
         shape = TileShape(shape.token_major, tokens, layers, slots)
     layer_blocks = triton.cdiv(layer_count, shape.layers)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hicache_storage.errors import (
@@ -307,6 +307,27 @@ def snapshot(setup: Setup) -> tuple[torch.Tensor, torch.Tensor]:
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(case=cases())
+@example(  # 12 tokens, tiles of 14: the layer-filling path once computed tiles of zero layers
+    case=Case(
+        mla=True,
+        dtype=torch.uint8,
+        layers=2,
+        heads=1,
+        dim=36,
+        page_size=4,
+        host_pages=3,
+        device_size=12,
+        layout=Layout.LAYER_FIRST,
+        dev_idx=list(range(12)),
+        host_idx=list(range(12)),
+        to_host=False,
+        layer=None,
+        config=KernelConfig(tile_bytes=512, max_chunk_bytes=8),
+        sm_budget=None,
+        max_gbps=None,
+        seed=0,
+    )
+)
 def test_transfer_moves_exactly_the_listed_slots(backend: Backend, case: Case) -> None:
     setup = setup_for(case)
     before = snapshot(setup)
