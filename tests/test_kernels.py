@@ -5,7 +5,9 @@ Every destination is poisoned with random bytes and lives inside a larger buffer
 bytes (unlisted slots, other layers, guard bands before and after) must come out unchanged, so a
 kernel that writes outside its slots, or skips one, fails. ``test_checker_catches_*`` prove that.
 
-CI runs few hypothesis examples; set HICACHE_KERNEL_EXAMPLES (e.g. 500) for a nightly run.
+CI runs a fixed (derandomized) set of 100 hypothesis examples, so a landing never hangs on a
+lucky draw; set HICACHE_KERNEL_EXAMPLES (e.g. 500) for a nightly run, which draws fresh examples
+each time. Whatever a fresh draw finds is kept as an ``@example``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from hicache_storage.hostpool import Layout, MHAHostPool, MLAHostPool
 from hicache_storage.kernels import Backend, DevicePool, HostView, KernelConfig, KVTransfer
 
 EXAMPLES = int(os.environ.get("HICACHE_KERNEL_EXAMPLES", "100"))
+DERANDOMIZE = "HICACHE_KERNEL_EXAMPLES" not in os.environ
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.uint8, torch.float8_e4m3fn]
 GUARD = 96  # elements of canary before and after every buffer (and between device layers)
 BACKENDS: list[Backend] = ["triton", "reference"]
@@ -303,6 +306,7 @@ def snapshot(setup: Setup) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("backend", BACKENDS)
 @settings(
     max_examples=EXAMPLES,
+    derandomize=DERANDOMIZE,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -518,7 +522,7 @@ def test_max_gbps_must_be_a_positive_number(bad: object) -> None:
     assert problems(setup, before, [], [], to_host=True, layer=None) == []
 
 
-@settings(max_examples=EXAMPLES, deadline=None)
+@settings(max_examples=EXAMPLES, derandomize=DERANDOMIZE, deadline=None)
 @given(
     n_tokens=st.integers(1, 5000),
     tokens=st.integers(1, 300),
