@@ -76,6 +76,8 @@ class ServiceState(msgspec.Struct, kw_only=True):
     ready: str | None = None
     timeout_s: float = 5.0
     start_timeout_s: float = 60.0
+    pause_targets: list[str] | None = None
+    paused: list[int] = msgspec.field(default_factory=list)
 
 
 def free_port(*, also: Iterable[int] = ()) -> int:
@@ -216,9 +218,36 @@ class LocalService:
             self._save()
             raise
 
+    def pause(self) -> None:
+        """Freeze the service with SIGSTOP: its sockets stay open but nothing answers.
+
+        Only the processes named in ``pause_targets`` (every process when ``None``), each with
+        its whole process group, so a backend meets a hung server rather than a refused port.
+        """
+        self._refresh()
+        targets = self.state.pause_targets
+        for process in self.state.processes:
+            if (targets is None or process.name in targets) and _runs(process):
+                assert process.pid is not None
+                _signal_group(process.pid, signal.SIGSTOP)
+                self.state.paused.append(process.pid)
+        self._save()
+
+    def resume(self) -> None:
+        """Undo :meth:`pause` (SIGCONT); return once the service accepts requests again."""
+        self._refresh()
+        for pid in self.state.paused:
+            _signal_group(pid, signal.SIGCONT)
+        self.state.paused = []
+        self._save()
+        self.start()
+
     def stop(self) -> None:
         """Stop every process by PID: SIGTERM, then SIGKILL after a grace period."""
         self._refresh()
+        for pid in self.state.paused:
+            _signal_group(pid, signal.SIGCONT)
+        self.state.paused = []
         running = [p for p in self.state.processes if p.pid is not None and _runs(p)]
         for process in running:
             assert process.pid is not None
@@ -315,12 +344,25 @@ class LocalService:
             by_name = {p.name: p.pid for p in stored.processes}
             for process in self.state.processes:
                 process.pid = by_name.get(process.name, process.pid)
+            self.state.paused = list(stored.paused)
 
     def _save(self) -> None:
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.state_file.with_suffix(".tmp")
         temporary.write_bytes(msgspec.json.encode(self.state))
         os.replace(temporary, self.state_file)
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    """Send ``signum`` to the process group led by ``pid`` (or to ``pid`` alone if none)."""
+    try:
+        os.killpg(pid, signum)
+    except ProcessLookupError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+    except PermissionError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
 
 
 def _resolve(target: str) -> Callable[[LocalService, float], None]:

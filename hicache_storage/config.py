@@ -19,6 +19,8 @@ import msgspec
 
 from .errors import ConfigError
 from .keys import KeyScheme, KeySchemeError, RankSuffixScheme, UnifiedPlan, plan_unified
+from .options import check_count, check_seconds
+from .redact import redact_text, secrets_in
 
 __all__ = [
     "ENV_PREFIX",
@@ -133,8 +135,7 @@ class Deployment(_Config, frozen=True):
     unified: UnifiedKeys | None = None
 
     def __post_init__(self) -> None:
-        if self.page_size <= 0:
-            raise ValueError(f"page_size must be positive, got {self.page_size}")
+        check_count("page_size", self.page_size)
         self.rank_suffix()
         if self.key_scheme == "unified":
             self.unified_plan()
@@ -209,8 +210,7 @@ class FaultRule(_Config, frozen=True):
     def __post_init__(self) -> None:
         if not 0.0 <= self.failure_rate <= 1.0:
             raise ValueError(f"failure_rate must be within [0, 1], got {self.failure_rate}")
-        if self.delay_s < 0:
-            raise ValueError(f"delay_s must not be negative, got {self.delay_s}")
+        check_seconds("delay_s", self.delay_s, allow_zero=True)
 
 
 class FaultConfig(_Config, frozen=True):
@@ -322,12 +322,14 @@ def convert(data: Mapping[str, Any], type_: type[T], what: str) -> T:
     Raises
     ------
     ConfigError
-        Naming ``what`` and msgspec's path to the offending field.
+        Naming ``what`` and msgspec's path to the offending field; secrets found in ``data``
+        (passwords, tokens, URL passwords) are masked in the message.
     """
     try:
         return msgspec.convert(data, type_)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"invalid {what}: {exc}") from exc
+        message = redact_text(f"invalid {what}: {exc}", secrets_in(data))
+        raise ConfigError(message) from None
 
 
 def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:

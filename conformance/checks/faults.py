@@ -26,7 +26,11 @@ from hicache_storage.conformance.checks.common import (
 )
 from hicache_storage.conformance.factory import BackendFactory
 from hicache_storage.conformance.fixtures import Keyspace, cleanup
-from hicache_storage.conformance.server import ServerControl, find_server_control
+from hicache_storage.conformance.server import (
+    PausableServerControl,
+    ServerControl,
+    find_server_control,
+)
 
 __all__ = ["server_control", "TestFaults", "TestServerFaults"]
 
@@ -62,7 +66,7 @@ def _server_timeout(control: ServerControl, options: dict[str, Any]) -> float:
     value = getattr(control, "timeout_s", None)
     if isinstance(value, (int, float)):
         return float(value)
-    for name in ("timeout_s", "op_timeout_s", "request_timeout_s", "timeout"):
+    for name in ("deadline_s", "timeout_s", "op_timeout_s", "request_timeout_s", "timeout"):
         option = options.get(name)
         if isinstance(option, (int, float)) and not isinstance(option, bool):
             return float(option)
@@ -84,6 +88,63 @@ def server_control(hicache_factory: BackendFactory) -> Iterator[ServerControl]:
         control.start()
 
 
+def _calls_miss_in_time(
+    control: ServerControl,
+    factory: BackendFactory,
+    k: Keyspace,
+    fault: Callable[[], None],
+    state: str,
+) -> None:
+    """Break the server with ``fault``; every call, single and batched, misses within the bound.
+
+    Batches span 32 keys so a client that retries key by key (or node by node) shows it.
+    """
+    layers = msgspec.structs.replace(factory.layers, degrade=True, faults=None)
+    limit = _server_timeout(control, factory.options) + SLACK_S
+    pool = _pool("mha", "layer_first", pages=40)
+    many = k.many(f"{state}-many", 32)
+    with factory(layers) as instance:
+        instance.register_host_pool(pool)
+        assert instance.set(k("up"), b"before the outage")
+        assert instance.batch_set(many, [b"%d" % i for i in range(32)]) == [True] * 32
+        fault()
+        _sentinel_fill(pool)
+        outs = [bytearray(2) for _ in many]
+        calls: dict[str, tuple[Callable[[], object], object]] = {
+            "get": (lambda: instance.get(k("up")), None),
+            "get_into": (lambda: instance.get(k("up"), bytearray(17)), None),
+            "exists": (lambda: instance.exists(k("up")), False),
+            "set": (lambda: instance.set(k("down"), b"x"), False),
+            "batch_get": (lambda: instance.batch_get(many, outs), [False] * 32),
+            "batch_set": (
+                lambda: instance.batch_set([f"{key}-n" for key in many], [b"x"] * 32),
+                [False] * 32,
+            ),
+            "batch_exists": (lambda: instance.batch_exists(many), 0),
+            "batch_get_v1": (
+                lambda: instance.batch_get_v1(many, _indices(pool, range(32))),
+                [False] * 32,
+            ),
+            "batch_set_v1": (
+                lambda: instance.batch_set_v1(
+                    [f"{key}-v" for key in many], _indices(pool, [32 + i % 8 for i in range(32)])
+                ),
+                [False] * 32,
+            ),
+        }
+        for op, (call, miss) in calls.items():
+            start = time.monotonic()
+            result = call()
+            elapsed = time.monotonic() - start
+            assert elapsed <= limit, (
+                f"{op} took {elapsed:.2f}s with the server {state}; the bound is {limit:.2f}s "
+                f"(the backend's deadline plus {SLACK_S:g}s): honour one overall per-call "
+                f"deadline, including inside the client library's retries"
+            )
+            assert result == miss, f"{op} returned {result!r} with the server {state}"
+        assert bool((_raw(pool) == SENTINEL).all()), f"a failed load wrote into the pool ({state})"
+
+
 class TestServerFaults:
     """With the server down every call answers a miss in time; after a restart it works again."""
 
@@ -94,38 +155,21 @@ class TestServerFaults:
         backend: StorageBackend,
         k: Keyspace,
     ) -> None:
-        layers = msgspec.structs.replace(hicache_factory.layers, degrade=True, faults=None)
-        limit = _server_timeout(server_control, hicache_factory.options) + SLACK_S
-        pool = _pool("mha", "layer_first")
-        with hicache_factory(layers) as instance:
-            instance.register_host_pool(pool)
-            assert instance.set(k("up"), b"before the outage")
-            server_control.stop()
-            _sentinel_fill(pool)
-            calls: dict[str, tuple[Callable[[], object], object]] = {
-                "get": (lambda: instance.get(k("up")), None),
-                "get_into": (lambda: instance.get(k("up"), bytearray(17)), None),
-                "exists": (lambda: instance.exists(k("up")), False),
-                "set": (lambda: instance.set(k("down"), b"x"), False),
-                "batch_get": (lambda: instance.batch_get([k("up")], [bytearray(17)]), [False]),
-                "batch_set": (lambda: instance.batch_set([k("down")], [b"x"]), [False]),
-                "batch_exists": (lambda: instance.batch_exists([k("up")]), 0),
-                "batch_get_v1": (
-                    lambda: instance.batch_get_v1([k("up")], _indices(pool, [1])),
-                    [False],
-                ),
-                "batch_set_v1": (
-                    lambda: instance.batch_set_v1([k("down")], _indices(pool, [2])),
-                    [False],
-                ),
-            }
-            for op, (call, miss) in calls.items():
-                start = time.monotonic()
-                result = call()
-                elapsed = time.monotonic() - start
-                assert elapsed <= limit, f"{op} took {elapsed:.2f}s with the server down"
-                assert result == miss, f"{op} returned {result!r} with the server down"
-            assert bool((_raw(pool) == SENTINEL).all()), "a failed load wrote into the pool"
+        _calls_miss_in_time(server_control, hicache_factory, k, server_control.stop, "down")
+
+    def test_server_paused_calls_miss_within_deadline(
+        self,
+        server_control: ServerControl,
+        hicache_factory: BackendFactory,
+        backend: StorageBackend,
+        k: Keyspace,
+    ) -> None:
+        if not isinstance(server_control, PausableServerControl):
+            pytest.skip("the server control has no pause()/resume()")
+        try:
+            _calls_miss_in_time(server_control, hicache_factory, k, server_control.pause, "paused")
+        finally:
+            server_control.resume()
 
     def test_server_restart_recovers(
         self,
