@@ -10,8 +10,9 @@ This module is what pytest collects; the checks live by area in
 :mod:`hicache_storage.conformance.checks`: ``core`` (round trips, misses, idempotent writes),
 ``batch`` (batches, prefix hits), ``zerocopy`` (v1 page I/O, unified objects, buffer sizes),
 ``bad_input``, ``lifecycle``, ``concurrency``, ``sharing`` (several processes, persistence),
-``capacity`` (bounds, delete), ``stats``, ``crash``, ``faults`` (injected and server faults) and
-``model`` (the state machine), with what they share in ``common``.
+``capacity`` (bounds, delete), ``stats``, ``crash``, ``faults`` (injected and server faults),
+``integrity`` (corrupted bytes are misses) and ``model`` (the state machine), with what they
+share in ``common``.
 """
 
 # ruff: noqa: E402 - the checks are imported after they are marked for assertion rewriting
@@ -43,6 +44,7 @@ from hicache_storage.conformance.checks.capacity import TestBounded, TestDelete
 from hicache_storage.conformance.checks.stats import TestStats
 from hicache_storage.conformance.checks.crash import TestCrashSafety
 from hicache_storage.conformance.checks.faults import server_control, TestFaults, TestServerFaults
+from hicache_storage.conformance.checks.integrity import TestIntegrity
 from hicache_storage.conformance.checks.model import TestStateMachine
 # isort: on
 
@@ -68,5 +70,6 @@ __all__ = [
     "TestCrashSafety",
     "TestFaults",
     "TestServerFaults",
+    "TestIntegrity",
     "TestStateMachine",
 ]

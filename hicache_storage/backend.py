@@ -24,6 +24,7 @@ from .capabilities import Capabilities
 from .errors import (
     BatchMismatchError,
     BufferSizeError,
+    HostPoolError,
     IndexAlignmentError,
     PoolNotRegisteredError,
     UnsupportedOperationError,
@@ -32,7 +33,7 @@ from .errors import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["HostPool", "StorageBackend", "copy_into"]
+__all__ = ["HostPool", "StorageBackend", "check_host_pool", "copy_into"]
 
 
 class HostPool(Protocol):
@@ -149,8 +150,14 @@ class StorageBackend(abc.ABC):
     # -- zero-copy page I/O against a registered host pool --------------------------------------
 
     def register_host_pool(self, pool: HostPool) -> None:
-        """Attach the host pool whose pages ``batch_get_v1``/``batch_set_v1`` address."""
-        self._host_pool = pool
+        """Attach the host pool whose pages ``batch_get_v1``/``batch_set_v1`` address.
+
+        Raises
+        ------
+        HostPoolError
+            If ``pool`` does not implement the :class:`HostPool` protocol.
+        """
+        self._host_pool = check_host_pool(pool)
 
     @property
     def host_pool(self) -> HostPool:
@@ -265,6 +272,36 @@ class StorageBackend(abc.ABC):
     def __repr__(self) -> str:
         state = " closed" if self._closed else ""
         return f"<{type(self).__name__} {self.name!r}{state}>"
+
+
+_POOL_METHODS = ("page_starts", "page_buffer_meta", "page_buffer_views")
+
+
+def check_host_pool(pool: object) -> HostPool:
+    """Return ``pool`` if it implements :class:`HostPool`, else raise at once.
+
+    Registration is where a wrong object must be refused: a later v1 call would otherwise fail
+    with a raw ``AttributeError`` deep inside a backend.
+
+    Raises
+    ------
+    HostPoolError
+        Naming what is missing or invalid.
+    """
+    what = type(pool).__name__
+    missing = [name for name in _POOL_METHODS if not callable(getattr(pool, name, None))]
+    if missing:
+        raise HostPoolError(
+            f"a {what} is not a host pool: it lacks {', '.join(missing)}; register an "
+            f"MHAHostPool, MLAHostPool or another implementation of hicache_storage.HostPool"
+        )
+    for name in ("page_size", "page_nbytes"):
+        value = getattr(pool, name, None)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise HostPoolError(
+                f"a host pool's {name} must be a positive int; {what}.{name} is {value!r}"
+            )
+    return pool  # type: ignore[return-value]
 
 
 def _check_lengths(keys: Sequence[str], others: Sequence[object], what: str) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
 import secrets
 import time
@@ -269,6 +270,37 @@ def format_size(nbytes: int) -> str:
         if nbytes >= scale and nbytes % scale == 0:
             return f"{nbytes // scale} {unit}"
     return f"{nbytes} B"
+
+
+def _available_memory() -> int | None:
+    """Return the bytes of memory free now, or ``None`` where the system does not say."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_memory(persistent: bool, page_size: int, batch_size: int, values: int) -> None:
+    """Refuse a run that cannot fit in memory before allocating anything.
+
+    The run holds a random block and two batches of output buffers per page size; a backend
+    that is not persistent (in-process) also holds every value it and its baseline stored.
+
+    Raises
+    ------
+    ConfigError
+        If the estimate exceeds 80 % of the memory free now.
+    """
+    free = _available_memory()
+    if free is None:
+        return
+    need = page_size * (1 + 2 * batch_size + (0 if persistent else 2 * values))
+    if need > 0.8 * free:
+        raise ConfigError(
+            f"a run with {format_size(page_size)} pages needs about {need / 2**30:.1f} GiB of "
+            f"memory and {free / 2**30:.1f} GiB is free; use a smaller --page-size or fewer "
+            f"--batch-size/--batches/--repeat"
+        )
 
 
 # -- measurement --------------------------------------------------------------------------------
@@ -778,6 +810,9 @@ def run_bench(
     report = progress or (lambda _line: None)
 
     spec = get_spec(name)
+    _check_memory(
+        spec.capabilities.persistent, max(page_sizes), batch_size, batch_size * batches * repeat
+    )
     schema = spec.load_config_type()
     struct = convert(read_source(options), schema, f"{name} backend options")
     limit = spec.capabilities.max_value_size

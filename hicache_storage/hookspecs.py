@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from .backend import StorageBackend
     from .conformance.server import ServerControl
     from .registry import BackendSpec
 
@@ -36,4 +37,15 @@ def hicache_conformance_server(name: str, options: dict[str, Any]) -> ServerCont
     ``options`` are the backend options under test. The handle has ``stop()`` and ``start()``
     (see :class:`hicache_storage.conformance.server.ServerControl`); it may also carry a
     ``timeout_s`` attribute, the longest a call may take while the server is down.
+    """
+
+
+@hookspec(firstresult=True)
+def hicache_conformance_corrupt(backend: StorageBackend, key: str, offset: int) -> bool | None:
+    """Flip the stored byte at ``offset`` of ``key``'s value, behind ``backend``'s back.
+
+    ``backend`` is the bare instance (no layers). Return ``True`` once the byte is flipped on
+    the medium, ``False`` if ``key`` is not stored, ``None`` if ``backend`` is not yours. The
+    conformance suite's integrity checks use it to require that corrupted bytes read as a miss;
+    a backend that provides no implementation skips them.
     """

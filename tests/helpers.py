@@ -38,17 +38,26 @@ def make_pool(kind: str, layout: str, pages: int = 8, page_size: int = 4) -> Hos
 CAPABILITY_SKIP = re.compile(r"backend does not claim capability '(\w+)'")
 
 
-def assert_conforms(report: Report, *, server_faults: bool = False) -> None:
+INTEGRITY_SKIP = re.compile(r"no plugin corrupts stored bytes of backend '[\w-]+' .*")
+PAUSE_SKIP = "the server control has no pause()/resume()"
+
+
+def assert_conforms(
+    report: Report, *, server_faults: bool = False, integrity: bool = False
+) -> None:
     """Assert a suite report: nothing failed, and every skip is an unclaimed capability.
 
-    With ``server_faults`` the server-fault checks must have run and passed; without it they must
-    have been skipped for want of a server control.
+    With ``server_faults`` the server-fault checks (stop and pause) must have run and passed;
+    without it they must have been skipped for want of a server control. With ``integrity`` the
+    corruption checks must have run and passed; without it they must have been skipped for want
+    of a corruption hook.
     """
     assert report.totals["failed"] == 0 and report.totals["error"] == 0, report.failures()
     assert report.totals["total"] == len(report.checks) > 100
     claimed = set(report.capabilities)
     faults = [check for check in report.checks if check.id.startswith("TestServerFaults::")]
-    assert faults
+    corruption = [check for check in report.checks if check.id.startswith("TestIntegrity::")]
+    assert faults and corruption
     for check in report.checks:
         unclaimed = [name for name in check.requires if name not in claimed]
         if check.outcome == "skipped":
@@ -56,6 +65,8 @@ def assert_conforms(report: Report, *, server_faults: bool = False) -> None:
             match = CAPABILITY_SKIP.fullmatch(reason)
             if match:
                 assert match.group(1) in unclaimed, (check.id, reason)
+            elif check in corruption:
+                assert not integrity and INTEGRITY_SKIP.fullmatch(reason), (check.id, reason)
             else:
                 assert not server_faults and check in faults, (check.id, reason)
                 assert reason == (

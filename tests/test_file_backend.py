@@ -29,6 +29,7 @@ from hicache_storage.errors import (
     PoolNotRegisteredError,
 )
 from hicache_storage.hostpool import HostKVPool, MHAHostPool, MLAHostPool
+from hicache_storage.integrity import RECORD_BYTES
 
 LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
 SENTINEL = 0xA5
@@ -45,12 +46,12 @@ def backend(tmp_path: Path) -> Iterator[FileBackend]:
 
 
 def files_under(root: Path) -> dict[str, int]:
-    """Every file under ``root`` outside the baseline directory, by name, with its size."""
+    """Every file under ``root`` outside the baseline directory, by name, with its value size."""
     found = {}
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if d != ".raw-baseline"]
         for name in filenames:
-            found[name] = os.stat(os.path.join(dirpath, name)).st_size
+            found[name] = os.stat(os.path.join(dirpath, name)).st_size - RECORD_BYTES
     return found
 
 
@@ -169,7 +170,8 @@ def test_fanout_layout(tmp_path: Path) -> None:
     with make(tmp_path) as b:
         b.set("some-key", b"v")
     digest = hashlib.blake2b(b"some-key", digest_size=2).hexdigest()
-    assert (tmp_path / digest[:2] / digest[2:] / "some-key").read_bytes() == b"v"
+    stored = (tmp_path / digest[:2] / digest[2:] / "some-key").read_bytes()
+    assert stored[:1] == b"v" and len(stored) == 1 + RECORD_BYTES
 
 
 def test_flat_layout(tmp_path: Path) -> None:
@@ -376,7 +378,7 @@ def test_partial_writes_are_completed(tmp_path: Path, monkeypatch: pytest.Monkey
         assert b.set("k", data)
         monkeypatch.undo()
         assert b.get("k") == data
-    assert len(calls) == 11
+    assert len(calls) == 12  # 11 for the value, 1 for the integrity record
 
 
 def test_partial_reads_are_completed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -399,7 +401,7 @@ def test_partial_reads_are_completed(tmp_path: Path, monkeypatch: pytest.MonkeyP
         out = bytearray(10_500)
         assert b.get("k", out) is out
         assert out == data
-        assert len(calls) == 11
+        assert len(calls) == 12  # 11 for the value, 1 for the integrity record
         assert b.batch_get_v1(["p"], indices(pool, [2])) == [True]
         monkeypatch.undo()
         assert b.get("p") == bytes(page_of(pool, 2))

@@ -18,6 +18,12 @@ Reads
     ``open`` + ``fstat`` + ``preadv`` straight into the caller's buffer (or the host pool's page
     buffers for the v1 calls): the size is checked before any byte is read.
 
+Integrity (``integrity=True``, the default)
+    Each file is the value followed by a 32-byte :mod:`~hicache_storage.integrity` record
+    (length, CRC32C, key digest), read in the same ``preadv`` and verified before a hit is
+    reported: a truncated, corrupted or misnamed file is a miss, counted by reason in
+    ``stats()["integrity_failures"]``, and removed.
+
 Capacity
     The objects this instance owns are indexed with their sizes in an :class:`LRUCapacity`, which
     evicts the least recently used ones when ``max_bytes`` is set. The bound is per instance:
@@ -36,6 +42,7 @@ import secrets
 import stat
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +58,7 @@ from hicache_storage.errors import (
     BufferSizeError,
     InvalidKeyError,
 )
+from hicache_storage.integrity import RECORD_BYTES, seal, verify
 from hicache_storage.keys.validation import validate_key
 from hicache_storage.vectored import flat, read_into, write_from
 
@@ -179,6 +187,8 @@ class FileBackend(StorageBackend):
         self._meta_lock = threading.Lock()
         self._dirs: set[str] = set()
         self._capacity = LRUCapacity(config.max_bytes, config.low_watermark, self._evict_file)
+        self._record = RECORD_BYTES if config.integrity else 0
+        self._failures: Counter[str] = Counter()
         try:
             os.makedirs(self.root, exist_ok=True)
         except OSError as exc:
@@ -205,22 +215,29 @@ class FileBackend(StorageBackend):
         if fd is None:
             return None
         try:
-            size = os.fstat(fd).st_size
-            if dst is None:
-                result: Buffer | None = _read_bytes(fd, size)
+            stored = os.fstat(fd).st_size
+            size = stored - self._record
+            if size < 0:
+                result: Buffer | None = None
+            elif dst is None:
+                result = _read_bytes(fd, size)
+                if result is not None and self._record:
+                    record = os.pread(fd, self._record, size)
+                    if not self._verified(key, [memoryview(result)], record):
+                        result = None
             elif size != dst.nbytes:
                 raise BufferSizeError(
                     f"output buffer has {dst.nbytes} bytes but the object stored under "
                     f"{key!r} has {size}"
                 )
             else:
-                result = out if read_into(fd, [dst]) == size else None
+                result = out if self._read_verified(fd, key, [dst], stored) else None
         except OSError as exc:
             raise _io_error(f"read {key!r}", exc) from exc
         finally:
             os.close(fd)
-        if result is None:  # truncated underneath us: not a complete value
-            self._forget_meta(key)
+        if result is None:  # truncated or corrupt: not a complete value
+            self._drop(key, path, "length" if size < 0 else None)
             return None
         self._hit(key, size)
         return result
@@ -242,7 +259,7 @@ class FileBackend(StorageBackend):
         """
         self._check_open()
         view = as_readable(value)
-        return self._store(key, [view], view.nbytes)
+        return self._store(key, [view])
 
     def batch_exists(self, keys: Sequence[str]) -> int:
         """Return the length of the leading run of keys that exist."""
@@ -286,8 +303,7 @@ class FileBackend(StorageBackend):
         pages = self.page_views(keys, host_indices)
         results = []
         for key, views in zip(keys, pages, strict=True):
-            buffers = [flat(view) for view in views]
-            results.append(self._store(key, buffers, sum(view.nbytes for view in buffers)))
+            results.append(self._store(key, [flat(view) for view in views]))
         return results
 
     # -- housekeeping ---------------------------------------------------------------------------
@@ -347,7 +363,10 @@ class FileBackend(StorageBackend):
             max_bytes=capacity["max_bytes"],
             evictions=capacity["evictions"],
             evicted_bytes=capacity["evicted_bytes"],
+            integrity=bool(self._record),
         )
+        with self._meta_lock:
+            stats["integrity_failures"] = dict(self._failures)
         return stats
 
     def _close(self) -> None:
@@ -362,6 +381,10 @@ class FileBackend(StorageBackend):
             return self.root
         digest = _blake2b(key.encode(), digest_size=2).hexdigest()
         return f"{self._prefix}{digest[:2]}{os.sep}{digest[2:]}"
+
+    def path_of(self, key: str) -> str:
+        """Return the path of the file that holds (or would hold) ``key``."""
+        return self._path(key)
 
     def _path(self, key: str) -> str:
         return f"{self._dir_of(key)}{os.sep}{key}"
@@ -403,19 +426,51 @@ class FileBackend(StorageBackend):
         if fd is None:
             return False
         try:
-            size = os.fstat(fd).st_size
-            if size != sum(view.nbytes for view in views):
+            stored = os.fstat(fd).st_size
+            if stored - self._record != sum(view.nbytes for view in views):
                 return False
-            complete = read_into(fd, views) == size
+            complete = self._read_verified(fd, key, views, stored)
         except OSError as exc:
             raise _io_error(f"read {key!r}", exc) from exc
         finally:
             os.close(fd)
         if not complete:
-            self._forget_meta(key)
+            self._drop(key, path, None)
             return False
-        self._hit(key, size)
+        self._hit(key, stored - self._record)
         return True
+
+    def _read_verified(self, fd: int, key: str, views: list[memoryview], stored: int) -> bool:
+        """Read the value into ``views`` (and the record beside it); return whether it is whole.
+
+        A failed verification is counted (the caller removes the file).
+        """
+        if not self._record:
+            return read_into(fd, views) == stored
+        record = bytearray(self._record)
+        if read_into(fd, [*views, memoryview(record)]) != stored:
+            return False
+        return self._verified(key, views, record)
+
+    def _verified(self, key: str, views: list[memoryview], record: Buffer) -> bool:
+        """Return whether ``record`` vouches for ``views``; count why not."""
+        reason = verify(record, key, views)
+        if reason is None:
+            return True
+        with self._meta_lock:
+            self._failures[reason] += 1
+        logger.warning("file backend: %r failed its integrity check (%s); removed", key, reason)
+        return False
+
+    def _drop(self, key: str, path: str, reason: str | None) -> None:
+        """Forget a key whose file is not a complete value and remove that file."""
+        if reason is not None:
+            with self._meta_lock:
+                self._failures[reason] += 1
+        self._forget_meta(key)
+        if self._record:
+            self._discard(path)
+            self._capacity.forget(key)
 
     def _hit(self, key: str, size: int) -> None:
         self._capacity.touch(key)
@@ -428,16 +483,19 @@ class FileBackend(StorageBackend):
             return False
         except OSError as exc:
             raise _io_error(f"stat {key!r}", exc) from exc
-        self._remember(key, info.st_size)
+        self._remember(key, info.st_size - self._record)
         return True
 
     # -- writing --------------------------------------------------------------------------------
 
-    def _store(self, key: str, views: list[memoryview], nbytes: int) -> bool:
-        """Publish ``views`` (concatenated) under ``key`` within the capacity bound."""
+    def _store(self, key: str, views: list[memoryview]) -> bool:
+        """Publish ``views`` (concatenated, then the record) under ``key`` within the bound."""
         path = self._path(key)
         if self._cached(key) or self._stat(key):
             return True
+        nbytes = sum(view.nbytes for view in views)
+        if self._record:
+            views = [*views, memoryview(seal(key, views))]
         owned = self._owns(key)
         if owned and not self._capacity.reserve(nbytes, key):
             return False
@@ -607,7 +665,7 @@ class FileBackend(StorageBackend):
                 continue
             if self._dir_of(name) != directory:  # not where this layout would look for it
                 continue
-            found.append((info.st_mtime_ns, name, info.st_size))
+            found.append((info.st_mtime_ns, name, max(info.st_size - self._record, 0)))
         found.sort()
         for _, name, size in found:
             self._capacity.add(name, size)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import msgspec
+
+from hicache_storage.options import MAX_TTL_S, check_bytes, check_seconds
 
 __all__ = ["FileConfig"]
 
@@ -15,13 +16,6 @@ _OWNERSHIP = ("all", "rank")
 def _check_bool(name: str, value: object) -> None:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-
-
-def _check_seconds(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    if math.isnan(value) or value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
 
 
 class FileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -60,6 +54,11 @@ class FileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     stale_temp_s
         Temporary files older than this many seconds (left by writers that were killed) are
         removed by the startup scan.
+    integrity
+        Store a 32-byte integrity record (length, CRC32C, key digest) after each value and
+        verify it on every read: a truncated, corrupted or misnamed file is a counted miss and
+        is removed, never returned. Off stores bare values (readable by tools that expect them)
+        and trusts the filesystem. Readers and writers of one directory must agree on it.
     """
 
     root: str
@@ -71,6 +70,7 @@ class FileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     low_watermark: float = 0.9
     ownership: Literal["all", "rank"] = "all"
     stale_temp_s: float = 600.0
+    integrity: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.root, str):
@@ -79,15 +79,12 @@ class FileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             raise ValueError("root must name a directory, got an empty string")
         if "\x00" in self.root:
             raise ValueError("root must not contain NUL characters")
-        for name in ("fsync", "fanout", "metadata_cache"):
+        for name in ("fsync", "fanout", "metadata_cache", "integrity"):
             _check_bool(name, getattr(self, name))
-        _check_seconds("metadata_ttl_s", self.metadata_ttl_s)
-        _check_seconds("stale_temp_s", self.stale_temp_s)
+        check_seconds("metadata_ttl_s", self.metadata_ttl_s, allow_zero=True, maximum=MAX_TTL_S)
+        check_seconds("stale_temp_s", self.stale_temp_s, allow_zero=True, maximum=MAX_TTL_S)
         if self.max_bytes is not None:
-            if isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int):
-                raise TypeError(f"max_bytes must be an int or None, got {self.max_bytes!r}")
-            if self.max_bytes <= 0:
-                raise ValueError(f"max_bytes must be > 0 when set, got {self.max_bytes}")
+            check_bytes("max_bytes", self.max_bytes)
         low = self.low_watermark
         if isinstance(low, bool) or not isinstance(low, (int, float)):
             raise TypeError(f"low_watermark must be a number, got {type(low).__name__}")

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+from typing import TYPE_CHECKING
+
 from hicache_storage.capabilities import Capabilities
 from hicache_storage.registry import BackendSpec, hookimpl
 
-__all__ = ["SPEC", "hicache_backends"]
+if TYPE_CHECKING:
+    from hicache_storage.backend import StorageBackend
+
+__all__ = ["SPEC", "hicache_backends", "hicache_conformance_corrupt"]
 
 SPEC = BackendSpec(
     name="file",
@@ -31,3 +37,24 @@ SPEC = BackendSpec(
 def hicache_backends() -> list[BackendSpec]:
     """Provide the file backend."""
     return [SPEC]
+
+
+@hookimpl
+def hicache_conformance_corrupt(backend: StorageBackend, key: str, offset: int) -> bool | None:
+    """Flip one byte of the file that holds ``key`` (for the conformance integrity checks)."""
+    from .backend import FileBackend
+
+    if not isinstance(backend, FileBackend):
+        return None
+    try:
+        fd = os.open(backend.path_of(key), os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        old = os.pread(fd, 1, offset)
+        if len(old) != 1:
+            return False
+        os.pwrite(fd, bytes([old[0] ^ 0xFF]), offset)
+    finally:
+        os.close(fd)
+    return True

@@ -146,26 +146,24 @@ class MetricsLayer(ForwardingBackend):
         """Update the Prometheus series; labelled children are looked up once and kept."""
         prom = self._prom
         assert prom is not None
-        children = self._children
-        calls = children.get(("calls", op))
-        if calls is None:
-            calls = children[("calls", op)] = prom.calls.labels(self.name, op)
-            children[("seconds", op)] = prom.seconds.labels(self.name, op)
-        calls.inc()
-        children[("seconds", op)].observe(seconds)
+        self._child(("calls", op), prom.calls, op).inc()
+        self._child(("seconds", op), prom.seconds, op).observe(seconds)
         if error is not None:
             prom.errors.labels(self.name, op, error).inc()
         for outcome, count in outcomes.items():
             if count:
-                counter = children.get((op, outcome))
-                if counter is None:
-                    counter = children[(op, outcome)] = prom.keys.labels(self.name, op, outcome)
-                counter.inc(count)
+                self._child((op, outcome), prom.keys, op, outcome).inc(count)
         if moved is not None and moved[1]:
-            counter = children.get(("bytes", moved[0]))
-            if counter is None:
-                counter = children[("bytes", moved[0])] = prom.bytes.labels(self.name, moved[0])
-            counter.inc(moved[1])
+            self._child(("bytes", moved[0]), prom.bytes, moved[0]).inc(moved[1])
+
+    def _child(self, key: tuple[str, str], metric: Any, *labels: str) -> Any:
+        """Return the labelled child of ``metric``, created once (threads may race to it)."""
+        child = self._children.get(key)
+        if child is None:
+            child = metric.labels(self.name, *labels)
+            with self._lock:
+                child = self._children.setdefault(key, child)
+        return child
 
     def _timed(
         self,

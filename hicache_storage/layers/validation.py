@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, final
 
 from typing_extensions import Buffer
 
-from ..backend import HostPool
+from ..backend import HostPool, check_host_pool
 from ..buffers import as_readable, as_writable
 from ..errors import BackendClosedError, BatchMismatchError, BufferSizeError, IndexAlignmentError
 from ..keys import validate_key, validate_keys
@@ -90,9 +90,9 @@ class ValidationLayer(ForwardingBackend):
         return self.inner.batch_exists(self._keys(keys))
 
     def register_host_pool(self, pool: HostPool) -> None:
-        """Check the backend is open, then forward :meth:`StorageBackend.register_host_pool`."""
+        """Check the backend is open and ``pool`` is a host pool, then forward it."""
         self._check_open()
-        self.inner.register_host_pool(pool)
+        self.inner.register_host_pool(check_host_pool(pool))
 
     def batch_get_v1(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
