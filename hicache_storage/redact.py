@@ -16,6 +16,9 @@ __all__ = ["MASK", "is_secret_name", "redact_options", "redact_text", "redact_ur
 
 MASK = "***"
 
+_SHORT = 6
+"""Secrets shorter than this are masked only where they are not part of a longer word."""
+
 _SECRET_NAME = re.compile(r"password|passwd|secret|token|credential|api_key|private_key", re.I)
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^/@\s:]*:)(?P<pw>[^@\s/]*)@")
 
@@ -79,9 +82,10 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
     """Return ``text`` with URL passwords and each of ``secrets`` (longest first) masked."""
     text = redact_url(text)
     for secret in sorted(set(secrets), key=len, reverse=True):
-        if secret:
-            text = text.replace(secret, MASK)
-            quoted = repr(secret)[1:-1]
-            if quoted != secret:
-                text = text.replace(quoted, MASK)
+        for form in {secret, repr(secret)[1:-1]}:
+            if len(form) >= _SHORT:
+                text = text.replace(form, MASK)
+            elif form:
+                # A short secret is masked only where it stands alone, not inside words.
+                text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(form)}(?![A-Za-z0-9])", MASK, text)
     return text

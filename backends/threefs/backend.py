@@ -18,6 +18,15 @@ Reads
     then one ``confirm``: a read that raced an eviction of its key is a miss (its output buffer
     may then hold other bytes, as after any miss it must not be used).
 
+Integrity (``integrity=True``, the default)
+    Each file ends with one 32-byte :mod:`~hicache_storage.integrity` record per slot. A write
+    puts the value's record (key digest, length, CRC32C, and the generation: the reservation's
+    epoch and id) at its first slot, in the same batch of I/O as the bytes; a read fetches it in
+    the same batch and verifies it after ``confirm``. The metadata may hand a slot to another key
+    once a writer's lease ran out, and nothing can stop that writer's late bytes from landing:
+    the record makes them a miss instead of a hit (see docs/backends/3fs.md). A failed check is
+    counted in ``stats()["integrity_failures"]`` and the key is deleted from the map.
+
 Metadata
     In process (``metadata_url`` unset): this instance is the only user of its files, which it
     locks. Through a ``hicache metadata-server``: every process and instance shares the map.
@@ -27,6 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import logging
 import os
 import threading
 import time
@@ -48,6 +59,7 @@ from hicache_storage.errors import (
     BufferSizeError,
     ConfigError,
 )
+from hicache_storage.integrity import RECORD_BYTES, seal, verify
 from hicache_storage.vectored import flat
 
 from .config import ThreeFSConfig
@@ -59,9 +71,22 @@ from .metadata_local import LocalMetadata
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ThreeFSBackend", "namespace_of"]
+__all__ = ["ThreeFSBackend", "generation_of", "namespace_of"]
+
+logger = logging.getLogger(__name__)
 
 _MAX_BACKOFF_S = 0.05
+_ID_BITS = 40
+
+
+def generation_of(epoch: str, id: int) -> int:
+    """Return the generation a record carries: 24 bits of the epoch's digest, 40 of the id.
+
+    Ids restart in a new epoch (a metadata service restarted without its snapshot), so the
+    epoch keeps an old record from matching a new entry with the same id.
+    """
+    tag = int.from_bytes(hashlib.blake2b(epoch.encode(), digest_size=3).digest(), "little")
+    return (tag << _ID_BITS) | (id & ((1 << _ID_BITS) - 1))
 
 
 def namespace_of(config: ThreeFSConfig, deployment: Deployment) -> str:
@@ -157,6 +182,7 @@ class ThreeFSBackend(StorageBackend):
                 "ownership='all' with key_scheme 'unified'"
             )
         self._writer = self.deployment.scheme().is_writer
+        self._records = config.integrity
         self.capabilities = Capabilities(
             persistent=shared,
             shared=shared,
@@ -199,7 +225,7 @@ class ThreeFSBackend(StorageBackend):
         with self._translate("create its data files"):
             self._io = open_io(
                 self.paths,
-                config.file_size,
+                config.stored_file_size,
                 engine=config.io_engine,
                 io_threads=config.io_threads,
                 usrbio_entries=config.usrbio_entries,
@@ -229,10 +255,13 @@ class ThreeFSBackend(StorageBackend):
                     f"{key!r} has {location.length}"
                 )
             target = memoryview(bytearray(location.length)) if dst is None else dst
-            io.read(self._plan(location, [target]))
+            record = bytearray(RECORD_BYTES)
+            io.read(self._plan(location, [target], record))
             confirmed = meta.confirm(self.namespace, found.epoch, [(key, location.id)])[0]
         if not confirmed:
             self._count("raced_reads")
+            return None
+        if self._records and not self._verified(key, location, found.epoch, [target], record):
             return None
         return out if out is not None else target.obj
 
@@ -312,6 +341,8 @@ class ThreeFSBackend(StorageBackend):
             "metadata": self.config.metadata_url or "in-process",
             "slot_bytes": self.geometry.slot_bytes,
             "max_bytes": self.geometry.capacity,
+            "max_objects": self.geometry.total_slots,
+            "integrity": self._records,
             "writer": self._writer,
             **counters,
         }
@@ -337,6 +368,26 @@ class ThreeFSBackend(StorageBackend):
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None
+
+    def locate(self, key: str, offset: int) -> tuple[str, int] | None:
+        """Return the data file and position of byte ``offset`` of ``key``'s committed value.
+
+        ``None`` when the key is not committed or the value is shorter. For tools and the
+        conformance suite's corruption hook.
+        """
+        meta, _ = self._parts()
+        with self._translate(f"look up {key!r}"):
+            location = meta.lookup(self.namespace, [key]).locations[0]
+        if location is None or not 0 <= offset < location.length:
+            return None
+        slot_bytes, per_file = self.geometry.slot_bytes, self.geometry.slots_per_file
+        skip, within = divmod(offset, slot_bytes)
+        for first, count in location.extents:
+            if skip < count:
+                file, index = divmod(first + skip, per_file)
+                return self.paths[file], index * slot_bytes + within
+            skip -= count
+        return None
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -384,8 +435,11 @@ class ThreeFSBackend(StorageBackend):
             ) from None
         self._lock_fd = fd
 
-    def _plan(self, location: Location, views: list[memoryview]) -> list[IORequest]:
-        """Map a value's slot runs onto the buffers that hold (or receive) its bytes."""
+    def _plan(self, location: Location, views: list[memoryview], record: Buffer) -> list[IORequest]:
+        """Map a value's slot runs onto its buffers, and its first slot's record onto ``record``.
+
+        ``record`` is left out when integrity records are off.
+        """
         geometry = self.geometry
         per_file, slot = geometry.slots_per_file, geometry.slot_bytes
         cursor = _Cursor(views)
@@ -404,7 +458,35 @@ class ThreeFSBackend(StorageBackend):
             raise BackendUnavailableError(
                 f"the metadata gave {location.extents} for {location.length} bytes: too few slots"
             )
+        if self._records and location.extents:
+            file, index = divmod(location.extents[0][0], per_file)
+            offset = self.config.file_size + index * RECORD_BYTES
+            requests.append(IORequest(file, offset, [memoryview(record).cast("B")]))
         return requests
+
+    def _verified(
+        self,
+        key: str,
+        location: Location,
+        epoch: str,
+        views: list[memoryview],
+        record: Buffer,
+    ) -> bool:
+        """Check a confirmed read against its record; on failure count it and drop the key."""
+        reason = verify(record, key, views, generation=generation_of(epoch, location.id))
+        if reason is None:
+            return True
+        self._count(f"integrity_{reason.replace(' ', '_')}")
+        logger.warning(
+            "3fs backend: %r in namespace %r failed its integrity check (%s); deleted",
+            key,
+            self.namespace,
+            reason,
+        )
+        meta, _ = self._parts()
+        with contextlib.suppress(BackendError):
+            meta.delete(self.namespace, [key])
+        return False
 
     def _load(self, keys: Sequence[str], dests: list[list[memoryview]]) -> list[bool]:
         """Read each key into its buffers (a size mismatch is a miss); return per-key hits."""
@@ -415,22 +497,26 @@ class ThreeFSBackend(StorageBackend):
         with self._translate("read"):
             found = meta.lookup(self.namespace, keys)
             requests: list[IORequest] = []
-            candidates: list[tuple[int, int]] = []
+            candidates: list[tuple[int, Location, bytearray]] = []
             for i, (location, views) in enumerate(zip(found.locations, dests, strict=True)):
                 if location is None or location.length != sum(v.nbytes for v in views):
                     continue
-                requests.extend(self._plan(location, views))
-                candidates.append((i, location.id))
+                record = bytearray(RECORD_BYTES)
+                requests.extend(self._plan(location, views, record))
+                candidates.append((i, location, record))
             if not candidates:
                 return hits
             io.read(requests)
-            pairs = [(keys[i], id) for i, id in candidates]
+            pairs = [(keys[i], location.id) for i, location, _ in candidates]
             confirmed = meta.confirm(self.namespace, found.epoch, pairs)
-        for (i, _), ok in zip(candidates, confirmed, strict=True):
-            hits[i] = ok
         raced = len(candidates) - sum(confirmed)
         if raced:
             self._count("raced_reads", raced)
+        for (i, location, record), ok in zip(candidates, confirmed, strict=True):
+            hits[i] = ok and (
+                not self._records
+                or self._verified(keys[i], location, found.epoch, dests[i], record)
+            )
         return hits
 
     def _store(self, keys: Sequence[str], sources: list[list[memoryview]]) -> list[bool]:
@@ -470,7 +556,7 @@ class ThreeFSBackend(StorageBackend):
                         results[i] = False
                         self._count(f"refused_{grant.status}")
                 if writes:
-                    results.update(self._fill(granted, writes, sources, started))
+                    results.update(self._fill(granted, keys, writes, sources, started))
                 if not waiting:
                     break
                 if time.monotonic() + delay > deadline:
@@ -486,6 +572,7 @@ class ThreeFSBackend(StorageBackend):
     def _fill(
         self,
         granted: Reservation,
+        keys: Sequence[str],
         writes: list[tuple[int, Location]],
         sources: list[list[memoryview]],
         started: float,
@@ -496,7 +583,12 @@ class ThreeFSBackend(StorageBackend):
         try:
             requests = []
             for i, location in writes:
-                requests.extend(self._plan(location, list(sources[i])))
+                views = list(sources[i])
+                record = b""
+                if self._records:
+                    generation = generation_of(granted.epoch, location.id)
+                    record = seal(keys[i], views, generation=generation)
+                requests.extend(self._plan(location, views, record))
             io.write(requests)
             if self.config.fsync == "before_commit":
                 io.sync([request.file for request in requests])

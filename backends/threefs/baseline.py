@@ -1,11 +1,12 @@
 """The raw yardstick ``hicache bench 3fs`` compares the backend with.
 
 Plain ``os.pwrite`` / ``os.preadv`` of the same bytes into the *same data file* the backend uses
-(its first file), in a sparse scratch region past the slots (``file_size`` onwards, so the
-backend never sees it) as large as the backend's capacity, one call per value at slot-aligned
-offsets, spread over the same number of threads as the backend's ``io_threads``. No metadata, no
-reservation, no validation: the gap between the two is the cost of the backend's bookkeeping.
-``close`` truncates the file back to ``file_size``.
+(its first file), in a sparse scratch region past the slots and their integrity records
+(``stored_file_size`` onwards, so the backend never sees it) as large as the backend's capacity,
+one call per value at slot-aligned offsets, spread over the same number of threads as the
+backend's ``io_threads``. No metadata, no reservation, no validation: the gap between the two is
+the cost of the backend's bookkeeping.
+``close`` truncates the file back to ``stored_file_size``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class RawFileBaseline:
         namespace = namespace_of(config, deployment or Deployment())
         os.makedirs(root, exist_ok=True)
         self.path = os.path.join(root, f"{namespace}.0.bin")
-        self.base = config.file_size
+        self.base = config.stored_file_size
         self.region = config.file_size * config.file_count
         self.slot = config.slot_bytes
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -77,7 +78,7 @@ class RawFileBaseline:
         self._spread(jobs, self._read)
 
     def close(self) -> None:
-        """Stop the threads and give the scratch region back (truncate to ``file_size``)."""
+        """Stop the threads and give the scratch region back (truncate to ``stored_file_size``)."""
         self._pool.shutdown(wait=True)
         try:
             if os.fstat(self.fd).st_size > self.base:

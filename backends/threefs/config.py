@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
-import math
 import re
+import urllib.parse
 from typing import Literal
 
 import msgspec
+
+from hicache_storage.integrity import RECORD_BYTES
+from hicache_storage.options import MAX_COUNT, check_bytes, check_count, check_seconds
+from hicache_storage.redact import redact_url
 
 __all__ = ["ThreeFSConfig"]
 
 _PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
 
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
+def _check_url(url: object) -> None:
+    """Refuse a metadata URL that is not ``http(s)://host[:port]`` with a valid port."""
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ValueError(f"metadata_url must be http://host:port, got {redact_url(str(url))!r}")
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if not parts.hostname or port == -1 or port == 0:
+        raise ValueError(
+            f"metadata_url must name a host and a port within 1..65535, got {redact_url(url)!r}"
+        )
+    if parts.path.strip("/") or parts.query or parts.fragment:
+        raise ValueError(f"metadata_url must be only http://host:port, got {redact_url(url)!r}")
 
 
 class ThreeFSConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -64,6 +78,13 @@ class ThreeFSConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         ``"all"``: one namespace for every rank (keys carry rank suffixes, so they never clash).
         ``"rank"``: a namespace and files per rank, so ranks never evict or clear each other's
         pages; MLA ranks share one (TP rank 0 writes, the others read).
+    integrity
+        Keep a 32-byte integrity record per slot (after the slots of each file): the key's
+        digest, the length, a CRC32C of the bytes and the reservation's generation, written with
+        the value and verified on every read. A slot rewritten by a writer that outlived its
+        lease, a wiped or foreign data directory, or any flipped byte is then a counted miss,
+        never another key's bytes (see docs/backends/3fs.md). Every user of the files must
+        agree on it.
     """
 
     path: str
@@ -80,6 +101,7 @@ class ThreeFSConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     timeout_s: float = 2.0
     fsync: Literal["never", "before_commit"] = "never"
     ownership: Literal["all", "rank"] = "all"
+    integrity: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path or "\x00" in self.path:
@@ -88,29 +110,26 @@ class ThreeFSConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             raise ValueError(
                 f"file_prefix must be letters, digits, '_' or '-', got {self.file_prefix!r}"
             )
-        for name in (
-            "file_size",
-            "file_count",
-            "slot_bytes",
-            "io_threads",
-            "usrbio_entries",
-            "usrbio_buffer_bytes",
-        ):
-            _positive_int(name, getattr(self, name))
+        for name in ("file_size", "slot_bytes", "usrbio_buffer_bytes"):
+            check_bytes(name, getattr(self, name))
+        check_count("file_count", self.file_count, maximum=4096)
+        check_count("io_threads", self.io_threads, maximum=1024)
+        check_count("usrbio_entries", self.usrbio_entries, maximum=MAX_COUNT)
+        if not isinstance(self.integrity, bool):
+            raise TypeError(f"integrity must be a bool, got {type(self.integrity).__name__}")
         if self.file_size % self.slot_bytes:
             raise ValueError(
                 f"file_size ({self.file_size}) must be a whole number of slot_bytes "
                 f"({self.slot_bytes})"
             )
-        timeout = self.timeout_s
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise TypeError(f"timeout_s must be a number, got {type(timeout).__name__}")
-        if math.isnan(timeout) or timeout <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout}")
-        url = self.metadata_url
-        if url is not None and not (
-            isinstance(url, str) and url.startswith(("http://", "https://"))
-        ):
-            raise ValueError(f"metadata_url must be http://host:port, got {url!r}")
+        check_seconds("timeout_s", self.timeout_s)
+        if self.metadata_url is not None:
+            _check_url(self.metadata_url)
         if self.metadata_token is not None and self.metadata_url is None:
             raise ValueError("metadata_token is set but metadata_url is not")
+
+    @property
+    def stored_file_size(self) -> int:
+        """Bytes of each data file: the slots, then one integrity record per slot if enabled."""
+        records = (self.file_size // self.slot_bytes) * RECORD_BYTES if self.integrity else 0
+        return self.file_size + records

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+from typing import TYPE_CHECKING
+
 from hicache_storage.capabilities import Capabilities
 from hicache_storage.registry import BackendSpec, hookimpl
 
-__all__ = ["SPEC", "hicache_backends"]
+if TYPE_CHECKING:
+    from hicache_storage.backend import StorageBackend
+
+__all__ = ["SPEC", "hicache_backends", "hicache_conformance_corrupt"]
 
 SPEC = BackendSpec(
     name="3fs",
@@ -27,3 +33,23 @@ SPEC = BackendSpec(
 def hicache_backends() -> list[BackendSpec]:
     """Provide the 3FS backend."""
     return [SPEC]
+
+
+@hookimpl
+def hicache_conformance_corrupt(backend: StorageBackend, key: str, offset: int) -> bool | None:
+    """Flip one byte of ``key``'s value in its slot (for the conformance integrity checks)."""
+    from .backend import ThreeFSBackend
+
+    if not isinstance(backend, ThreeFSBackend):
+        return None
+    where = backend.locate(key, offset)
+    if where is None:
+        return False
+    path, position = where
+    fd = os.open(path, os.O_RDWR)
+    try:
+        old = os.pread(fd, 1, position)
+        os.pwrite(fd, bytes([old[0] ^ 0xFF]), position)
+    finally:
+        os.close(fd)
+    return True

@@ -163,12 +163,12 @@ def test_baseline_uses_the_data_file_and_gives_its_region_back(tmp_path: Path) -
         baseline = RawFileBaseline(config, Deployment())
         values = [memoryview(bytes([i]) * 10_000) for i in range(5)]
         baseline.batch_write([f"n{i}" for i in range(5)], values)
-        assert os.path.getsize(tmp_path / "hicache.0.bin") > SMALL["file_size"]
+        assert os.path.getsize(tmp_path / "hicache.0.bin") > config.stored_file_size
         outs = [memoryview(bytearray(10_000)) for _ in range(5)]
         baseline.batch_read([f"n{i}" for i in range(5)], outs)
         assert [bytes(o) for o in outs] == [bytes(v) for v in values]
         baseline.close()
-        assert os.path.getsize(tmp_path / "hicache.0.bin") == SMALL["file_size"]
+        assert os.path.getsize(tmp_path / "hicache.0.bin") == config.stored_file_size
         assert bytes(backend.get("k")) == b"kept"  # type: ignore[arg-type]
 
 
