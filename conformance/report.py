@@ -17,7 +17,9 @@ from typing import Any, Literal
 
 import msgspec
 
-__all__ = ["CheckResult", "Report", "load_report", "run_suite", "write_report"]
+from hicache_storage.redact import redact_options, redact_text, secrets_in
+
+__all__ = ["CheckResult", "Report", "load_report", "redacted", "run_suite", "write_report"]
 
 Outcome = Literal["passed", "failed", "skipped", "error"]
 
@@ -82,13 +84,52 @@ def _markdown(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
+def redacted(report: Report) -> Report:
+    """Return a copy of ``report`` with the secrets of its options masked everywhere.
+
+    Option values named like secrets (passwords, tokens) and URL passwords become ``***`` in the
+    options and in every message: a report is meant to be shared.
+    """
+    secrets = secrets_in(report.options)
+
+    def scrub(text: str | None) -> str | None:
+        return None if text is None else redact_text(text, secrets)
+
+    return msgspec.structs.replace(
+        report,
+        options=redact_options(report.options),
+        capabilities_error=scrub(report.capabilities_error),
+        checks=[
+            msgspec.structs.replace(
+                check, message=scrub(check.message), skip_reason=scrub(check.skip_reason)
+            )
+            for check in report.checks
+        ],
+    )
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` readable by its owner only (mode 0600, even if it existed)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb", closefd=False) as stream:
+            stream.write(data)
+    finally:
+        os.close(fd)
+
+
 def write_report(report: Report, directory: str | os.PathLike[str]) -> Path:
-    """Fill in the totals and write ``report.json`` and ``report.md`` into ``directory``."""
+    """Fill in the totals and write ``report.json`` and ``report.md`` into ``directory``.
+
+    Secrets are masked (see :func:`redacted`) and the files are readable by their owner only.
+    """
     report.totals = _totals(report.checks)
+    safe = redacted(report)
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)
-    (target / "report.json").write_bytes(msgspec.json.format(msgspec.json.encode(report)))
-    (target / "report.md").write_text(_markdown(report), encoding="utf-8")
+    _write_private(target / "report.json", msgspec.json.format(msgspec.json.encode(safe)))
+    _write_private(target / "report.md", _markdown(safe).encode("utf-8"))
     return target / "report.json"
 
 
@@ -146,6 +187,11 @@ def run_suite(
             "--rootdir",
             workdir,
         ]
+        if config and not config.startswith("@"):
+            # Through a private file, not argv: argv is visible to every user of the machine.
+            path = Path(workdir) / "config.json"
+            _write_private(path, config.encode("utf-8"))
+            config = f"@{path}"
         if config:
             command += ["--hicache-config", config]
         command += list(extra_args)

@@ -11,8 +11,8 @@ This module is what pytest collects; the checks live by area in
 ``batch`` (batches, prefix hits), ``zerocopy`` (v1 page I/O, unified objects, buffer sizes),
 ``bad_input``, ``lifecycle``, ``concurrency``, ``sharing`` (several processes, persistence),
 ``capacity`` (bounds, delete), ``stats``, ``crash``, ``faults`` (injected and server faults),
-``integrity`` (corrupted bytes are misses) and ``model`` (the state machine), with what they
-share in ``common``.
+``integrity`` (corrupted bytes are misses), ``isolation`` (namespaces, secrets) and ``model``
+(the state machine), with what they share in ``common``.
 """
 
 # ruff: noqa: E402 - the checks are imported after they are marked for assertion rewriting
@@ -45,6 +45,7 @@ from hicache_storage.conformance.checks.stats import TestStats
 from hicache_storage.conformance.checks.crash import TestCrashSafety
 from hicache_storage.conformance.checks.faults import server_control, TestFaults, TestServerFaults
 from hicache_storage.conformance.checks.integrity import TestIntegrity
+from hicache_storage.conformance.checks.isolation import TestNamespaces, TestSecrets
 from hicache_storage.conformance.checks.model import TestStateMachine
 # isort: on
 
@@ -71,5 +72,7 @@ __all__ = [
     "TestFaults",
     "TestServerFaults",
     "TestIntegrity",
+    "TestNamespaces",
+    "TestSecrets",
     "TestStateMachine",
 ]

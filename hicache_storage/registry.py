@@ -63,6 +63,10 @@ class BackendSpec:
         ``"module:Class"`` of the raw yardstick ``hicache bench`` compares against, if any.
     description
         One line for ``hicache backends``.
+    namespace_option
+        The option that names a tenant's namespace in a shared store (``prefix`` ...), if any:
+        the conformance suite checks that instances whose namespaces are prefixes of each other
+        never see or clear each other's keys. Its values must accept ``[a-z0-9]+``.
     """
 
     name: str
@@ -74,6 +78,7 @@ class BackendSpec:
     capabilities: Capabilities = dataclasses.field(default_factory=Capabilities)
     baseline: str | None = None
     description: str = ""
+    namespace_option: str | None = None
 
     def installed(self) -> bool:
         """Return whether every module in :attr:`requires` can be imported here."""

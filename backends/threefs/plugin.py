@@ -26,6 +26,7 @@ SPEC = BackendSpec(
     capabilities=Capabilities(native_zero_copy=True, bounded=True, delete=True),
     baseline="hicache_storage.backends.threefs.baseline:RawFileBaseline",
     description="slots of large files on a 3FS mount, key -> slot map in process or shared",
+    namespace_option="file_prefix",
 )
 
 

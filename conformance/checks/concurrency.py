@@ -8,8 +8,9 @@ import traceback
 from collections.abc import Callable
 
 from hicache_storage.backend import StorageBackend
-from hicache_storage.conformance.checks.common import KiB, MiB, _bytes
-from hicache_storage.conformance.fixtures import Keyspace
+from hicache_storage.conformance.checks.common import KiB, MiB, _bytes, _indices, _pool
+from hicache_storage.conformance.factory import BackendFactory
+from hicache_storage.conformance.fixtures import Keyspace, cleanup
 from hicache_storage.conformance.workers import digest, make_value
 
 __all__ = ["TestConcurrency"]
@@ -54,6 +55,43 @@ def _poll_until_value(
 
 class TestConcurrency:
     """Threads sharing one instance see only complete, correct values and no errors."""
+
+    def test_first_calls_from_many_threads_on_a_fresh_instance(
+        self, hicache_factory: BackendFactory, k: Keyspace
+    ) -> None:
+        """32 threads start at once on a new instance, each with a different first operation.
+
+        Lazily built state (connections, label caches, pools) must be built under a lock: a
+        race there raises only on a fresh instance, after the backend call itself succeeded.
+        """
+        ops = ("get", "exists", "set", "batch_get", "batch_set", "batch_exists", "v1")
+        with hicache_factory() as instance:
+            pool = _pool("mha", "layer_first", pages=32)
+            instance.register_host_pool(pool)
+            barrier = threading.Barrier(32)
+
+            def first_call(i: int) -> None:
+                key = k(f"first{i}")
+                barrier.wait()
+                op = ops[i % len(ops)]
+                if op == "get":
+                    assert instance.get(key) is None
+                elif op == "exists":
+                    assert instance.exists(key) is False
+                elif op == "set":
+                    assert instance.set(key, b"v%d" % i)
+                elif op == "batch_get":
+                    assert instance.batch_get([key], [bytearray(3)]) == [False]
+                elif op == "batch_set":
+                    assert instance.batch_set([key], [b"v%d" % i]) == [True]
+                elif op == "batch_exists":
+                    assert instance.batch_exists([key]) == 0
+                else:
+                    assert instance.batch_set_v1([key], _indices(pool, [i])) == [True]
+
+            errors = _run_threads(32, first_call)
+            cleanup(hicache_factory, instance, k)
+        assert not errors, f"{len(errors)} first calls failed; the first:\n{errors[0]}"
 
     def test_threads_mixed_ops_correct_bytes(self, backend: StorageBackend, k: Keyspace) -> None:
         shared = k.many("shared", 8)

@@ -36,3 +36,21 @@ def test_suite_passes_with_metadata_service(tmp_path: Path, shared_service: Loca
     ran = {c.id for c in report.checks if c.outcome == "passed"}
     assert any(c.startswith("TestMultiProcess::") for c in ran)
     assert any(c.startswith("TestCrashSafety::") for c in ran)
+
+
+def test_store_smaller_than_a_batch_passes_the_batch_checks(
+    tmp_path: Path, shared_service: LocalService
+) -> None:
+    """128 slots of 4 MiB (issue 14, item 16): the long-batch check keeps to the declared bound."""
+    config = {
+        **service_options(shared_service, tmp_path / "store"),
+        "file_prefix": "small",
+        "file_size": 256 << 20,
+        "file_count": 2,
+        "slot_bytes": 4 << 20,
+    }
+    assert run_suite("3fs", config, tmp_path / "report", ["-k", "TestBatch"]) == 0
+    report = load_report(tmp_path / "report")
+    assert "TestBatch::test_batch_long_300_keys" in {
+        c.id for c in report.checks if c.outcome == "passed"
+    }
