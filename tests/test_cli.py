@@ -128,3 +128,13 @@ def test_bad_page_size_exits_2() -> None:
     result = invoke("bench", "memory", "--page-size", "lots")
     assert result.exit_code == 2
     assert "lots" in result.stderr
+
+
+@pytest.mark.parametrize("size", ["64GiB", "1TiB"])
+def test_bench_refuses_a_run_that_cannot_fit_in_memory(size: str) -> None:
+    """Issue 14 item 10: one line on stderr and exit 2, no traceback, nothing allocated."""
+    result = invoke("bench", "memory", "--page-size", size)
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    assert "memory" in result.output and "--page-size" in result.output

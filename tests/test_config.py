@@ -104,3 +104,52 @@ def test_reserved_environment_names_are_not_fields() -> None:
         env={"HICACHE_SERVICES": "/tmp/a.json:/tmp/b.json", "HICACHE_LAYERS__METRICS": "false"},
     )
     assert config.backend == "memory" and config.layers.metrics is False
+
+
+BAD_NUMBERS = [float("inf"), float("-inf"), float("nan"), 1e300, -1.0, True]
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "field"),
+    [
+        ("file", {"metadata_ttl_s": None}, "metadata_ttl_s"),
+        ("file", {"stale_temp_s": None}, "stale_temp_s"),
+        ("file", {"max_bytes": None}, "max_bytes"),
+        ("3fs", {"timeout_s": None}, "timeout_s"),
+        ("3fs", {"file_size": None}, "file_size"),
+        ("3fs", {"io_threads": None}, "io_threads"),
+    ],
+)
+@pytest.mark.parametrize("bad", BAD_NUMBERS, ids=str)
+def test_numeric_options_refuse_inf_nan_and_huge(
+    tmp_path: Path, name: str, options: dict[str, object], field: str, bad: float
+) -> None:
+    """Issue 14 item 7: every numeric option is validated when the config is read."""
+    root = {"root": str(tmp_path)} if name == "file" else {"path": str(tmp_path)}
+    with pytest.raises(ConfigError, match=field):
+        create_backend(name, {**root, field: bad})
+
+
+@pytest.mark.parametrize("bad", BAD_NUMBERS, ids=str)
+def test_fault_delay_refuses_inf_nan_and_huge(bad: float) -> None:
+    with pytest.raises(ConfigError, match="delay_s"):
+        load_config({"layers": {"faults": {"default": {"delay_s": bad}}}}, env={})
+
+
+@pytest.mark.parametrize("url", ["http://h:99999", "http://h:0", "http://:80", "ftp://h:1"])
+def test_metadata_url_is_checked_at_config_time(tmp_path: Path, url: str) -> None:
+    with pytest.raises(ConfigError, match="metadata_url"):
+        create_backend("3fs", {"path": str(tmp_path), "metadata_url": url})
+
+
+def test_config_errors_mask_secrets(tmp_path: Path) -> None:
+    """Issue 14 item 14: a password or token in a bad config is never echoed."""
+    source = {
+        "path": str(tmp_path),
+        "metadata_url": "http://user:pa55word-secret@h:99999",
+        "metadata_token": "tok-secret-1234",
+    }
+    with pytest.raises(ConfigError) as caught:
+        create_backend("3fs", source)
+    text = str(caught.value) + repr(caught.value.__cause__) + repr(caught.value.__context__)
+    assert "pa55word-secret" not in text and "metadata_url" in text

@@ -13,12 +13,15 @@ from hicache_storage import (
     BackendClosedError,
     BatchMismatchError,
     BufferSizeError,
+    HostPoolError,
     IndexAlignmentError,
     InvalidKeyError,
     InvalidValueError,
     PoolNotRegisteredError,
     StorageBackend,
+    create_backend,
 )
+from hicache_storage.backends.memory import MemoryBackend
 
 from .helpers import LAYOUTS, make_pool
 
@@ -246,3 +249,16 @@ def test_zero_copy_size_mismatch_is_a_miss(backend: StorageBackend) -> None:
     before = pool.kv_buffer.clone()
     assert backend.batch_get_v1(["short"], list(range(4))) == [False]
     assert torch.equal(pool.kv_buffer, before)
+
+
+@pytest.mark.parametrize("pool", [object(), None, "pool", 42])
+def test_register_host_pool_refuses_what_is_not_a_pool(pool: object) -> None:
+    """Issue 14 item 8: refused at registration, not with an AttributeError at the next v1 call."""
+    with create_backend("memory") as backend:
+        with pytest.raises(HostPoolError, match="host pool"):
+            backend.register_host_pool(pool)  # type: ignore[arg-type]
+        with pytest.raises(PoolNotRegisteredError):
+            backend.batch_get_v1(["k"], list(range(4)))
+    bare = MemoryBackend()
+    with pytest.raises(HostPoolError):
+        bare.register_host_pool(pool)  # type: ignore[arg-type]

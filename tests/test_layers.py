@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -182,3 +183,41 @@ def test_latency_quantiles_are_reported() -> None:
         backend.set(f"q{i}", b"v")
     latency = backend.stats()["metrics"]["ops"]["set"]["latency_s"]
     assert latency["p50"] is not None and latency["p99"] >= latency["p50"]
+
+
+def test_first_calls_from_many_threads_never_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 14 item 6: the label cache was filled without the lock (KeyError on a fresh backend).
+
+    A slow ``labels()`` widens the window between creating a call's children so that the race
+    happens on every run rather than by chance.
+    """
+    from hicache_storage.layers import metrics
+
+    prom = metrics._prometheus()
+    if prom is None:
+        pytest.skip("prometheus_client is not installed")
+    real = type(prom.seconds).labels
+
+    def slow_labels(self: Any, *labels: str) -> Any:
+        time.sleep(0.01)
+        return real(self, *labels)
+
+    monkeypatch.setattr(type(prom.seconds), "labels", slow_labels)
+    backend = apply_layers(MemoryBackend())
+    barrier = threading.Barrier(16)
+    errors: list[BaseException] = []
+
+    def first_call(i: int) -> None:
+        barrier.wait()
+        try:
+            backend.get(f"fresh{i}")
+        except BaseException as exc:  # noqa: BLE001 - every failure is the finding
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_call, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert backend.stats()["metrics"]["ops"]["get"]["calls"] == 16
