@@ -1,8 +1,10 @@
 """The Redis backend: one Redis string per key, on a standalone server or a Redis Cluster.
 
 Keys
-    Each key is stored as ``prefix + key``. ``clear()`` walks ``SCAN MATCH <prefix>*`` (every
-    primary of a cluster) and unlinks what it finds with ``UNLINK``, so it never touches other keys.
+    Key ``k`` is stored as ``<namespace>:k`` (``prefix`` without its trailing ``:``). Keys never
+    hold ``:``, so the name says where the namespace ends: ``clear()`` walks
+    ``SCAN MATCH <namespace>:*`` (every primary of a cluster) and unlinks only names whose rest
+    holds no ``:``, never the objects of another prefix, nested (``ns:sub``) or longer (``ns2``).
 
 Writes
     ``SET key value NX [PX ttl]``: the first complete value wins, and Redis applies a command
@@ -17,23 +19,34 @@ Reads
     after its size is checked.
 
 Batches
-    Pipelined in chunks of ``batch_chunk_size`` keys: one round trip per chunk (per node in a
-    cluster), one single-key command per key, so nothing crosses cluster slots.
+    Pipelined in chunks of ``batch_chunk_size`` keys: one round trip per chunk (the commands of
+    every node written before any reply is read), one single-key command per key, so nothing
+    crosses cluster slots.
+
+Deadline
+    Every call runs under one deadline, ``deadline_s`` from its start, kept in a thread-local
+    that each socket operation reads: a pooled-connection wait, a connect, a send and every
+    ``recv`` get at most the time left (and at most the per-operation timeouts). The backend
+    routes cluster commands itself (slot map from ``CLUSTER SLOTS``, ``MOVED``/``ASK`` followed
+    at most twice while time is left) on redis-py connections and pools with retries off, so
+    no client-library loop retries, sleeps or waits on a lock past the deadline. Nothing runs
+    in the background: when a call returns or raises, nothing of it writes anywhere any more.
 
 Failures
-    Every redis-py exception is translated in :func:`_translate`. Client retries are off, and
-    each round trip is bounded by ``connect_timeout_s`` + ``socket_timeout_s``, so a call against
-    a stopped server fails at once (connection refused) and against a hung one within the
-    timeouts; the default layers turn either into a miss.
+    Every exception is translated in :func:`_translate` into a typed error whose message never
+    holds a password; the default layers turn it into a miss.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import redis
 import redis.exceptions as rx
@@ -47,6 +60,7 @@ from redis.connection import (
     PythonRespSerializer,
     SSLConnection,
 )
+from redis.crc import key_slot
 from redis.retry import Retry
 from redis.utils import HIREDIS_AVAILABLE
 from typing_extensions import Buffer
@@ -64,6 +78,7 @@ from hicache_storage.errors import (
     BufferSizeError,
     ConfigError,
 )
+from hicache_storage.redact import redact_text
 
 from .config import RedisConfig
 
@@ -79,7 +94,14 @@ MAX_VALUE_SIZE = 512 << 20
 _SCAN_COUNT = 1000
 _READ_SIZE = 1 << 18
 """Socket read size: large values arrive in fewer ``recv`` calls than redis-py's 64 KiB."""
-_T = TypeVar("_T")
+_SLOTS = 16384
+_REDIRECTS = 2
+"""``MOVED``/``ASK`` replies followed per command and call (time allowing)."""
+_REARM_S = 0.01
+"""How far a socket operation may end past the deadline, or short of its time, before the
+socket's timeout is set again (see :class:`_DeadlineSocket`)."""
+_REFRESH_INTERVAL_S = 1.0
+"""Least time between two slot-map reloads a failure asks for (a ``MOVED`` is patched at once)."""
 
 # Set the key to the concatenation of ARGV[2..] unless it exists; ARGV[1] is the TTL in ms (0:
 # none). One script call is atomic, so readers see the whole page or nothing.
@@ -91,6 +113,125 @@ if ttl > 0 then redis.call('SET', KEYS[1], value, 'PX', ttl)
 else redis.call('SET', KEYS[1], value) end
 return 1
 """
+
+# -- the per-call deadline ----------------------------------------------------------------------
+
+_DEADLINE = threading.local()
+"""``at``: the ``time.monotonic()`` by which this thread's current call must end (or None)."""
+
+
+def _time_left() -> float | None:
+    at: float | None = getattr(_DEADLINE, "at", None)
+    return None if at is None else at - time.monotonic()
+
+
+def _bounded(cap: float | None) -> float | None:
+    """Return ``cap`` cut to the time left of this thread's call.
+
+    Raises
+    ------
+    TimeoutError
+        The builtin (``socket.timeout``), if that time is up; redis-py turns it into its own.
+    """
+    left = _time_left()
+    if left is None:
+        return cap
+    if left <= 0:
+        raise TimeoutError("the call's deadline has passed")
+    return left if cap is None else min(cap, left)
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """Bound every socket operation this thread makes in the block by ``seconds`` from now."""
+    outer: float | None = getattr(_DEADLINE, "at", None)
+    at = time.monotonic() + seconds
+    _DEADLINE.at = at if outer is None else min(outer, at)
+    try:
+        yield
+    finally:
+        _DEADLINE.at = outer
+
+
+class _DeadlineSocket:
+    """A connected socket whose every send and receive waits at most the call's time left.
+
+    redis-py sets one timeout per socket and reads a large reply in many ``recv`` calls; this
+    wrapper re-arms the timeout before each, so no sequence of operations outlasts the
+    deadline (by more than :data:`_REARM_S`, which spares a syscall per operation of a busy
+    pipeline). ``settimeout`` from redis-py sets the per-operation cap.
+    """
+
+    def __init__(self, sock: socket.socket, cap: float | None) -> None:
+        self._sock = sock
+        self._cap = cap
+        self._applied = cap
+
+    def _arm(self) -> None:
+        at: float | None = getattr(_DEADLINE, "at", None)
+        if at is None:
+            if self._applied != self._cap:
+                self.settimeout(self._cap)
+            return
+        left = at - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the call's deadline has passed")
+        want = left if self._cap is None else min(self._cap, left)
+        applied = self._applied
+        if applied is None or not want - _REARM_S <= applied <= left + _REARM_S:
+            self._sock.settimeout(want)
+            self._applied = want
+
+    def settimeout(self, value: float | None) -> None:
+        self._cap = value
+        self._sock.settimeout(value)
+        self._applied = value
+
+    def gettimeout(self) -> float | None:
+        return self._cap
+
+    def recv(self, *args: Any) -> bytes:
+        self._arm()
+        return self._sock.recv(*args)
+
+    def recv_into(self, *args: Any) -> int:
+        self._arm()
+        return self._sock.recv_into(*args)
+
+    def send(self, *args: Any) -> int:
+        self._arm()
+        return self._sock.send(*args)
+
+    def sendall(self, *args: Any) -> None:
+        self._arm()
+        self._sock.sendall(*args)
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+class _DeadlinePool(BlockingConnectionPool):
+    """A blocking pool whose wait for a free connection ends with the call's deadline."""
+
+    _wait_cap: float | None = None
+
+    @property
+    def timeout(self) -> float | None:
+        """The configured wait, cut to the time left (0 once it is up: take a free one or fail)."""
+        try:
+            return _bounded(self._wait_cap)
+        except TimeoutError:
+            return 0.0
+
+    @timeout.setter
+    def timeout(self, value: float | None) -> None:
+        self._wait_cap = value
+
+
+# -- connections --------------------------------------------------------------------------------
 
 
 class _PassThroughPacker:
@@ -113,10 +254,13 @@ class _PassThroughPacker:
         return self._fast.pack(*args)
 
 
-def _connection_class(config: RedisConfig, *, pass_through: bool) -> type[AbstractConnection]:
+def _connection_class(
+    config: RedisConfig, *, pass_through: bool, deadline: bool = False
+) -> type[AbstractConnection]:
     """Return the connection class for ``config``, with its TLS settings baked in.
 
-    With ``pass_through``, values go to the socket as they are (see :class:`_PassThroughPacker`).
+    With ``pass_through``, values go to the socket as they are (see :class:`_PassThroughPacker`);
+    with ``deadline``, connecting and every socket operation honour the call's deadline.
     """
     tls: dict[str, Any] = {}
     base: type[Connection] = Connection
@@ -141,26 +285,45 @@ def _connection_class(config: RedisConfig, *, pass_through: bool) -> type[Abstra
                 return super()._construct_command_packer(packer)
             return _PassThroughPacker(self._buffer_cutoff, self.encoder.encode)
 
+        def _connect(self) -> Any:
+            if not deadline:
+                return super()._connect()
+            me: Any = self  # redis-py's attributes are untyped
+            connect_cap: float | None = me.socket_connect_timeout
+            socket_cap: float | None = me.socket_timeout
+            try:
+                self.socket_connect_timeout = _bounded(connect_cap)
+                self.socket_timeout = _bounded(socket_cap)  # the TLS handshake's bound
+                sock = super()._connect()
+            finally:
+                self.socket_connect_timeout, self.socket_timeout = connect_cap, socket_cap
+            return _DeadlineSocket(sock, socket_cap)
+
     return ConfiguredConnection
 
 
-def connect(config: RedisConfig, *, pass_through: bool = True) -> Any:
-    """Build the redis-py client ``config`` describes, with client retries off.
+def _client_options(config: RedisConfig, *, pass_through: bool, deadline: bool) -> dict[str, Any]:
+    first = config.endpoints()[0]
+    return {
+        "username": first.username,
+        "password": first.password,
+        "socket_timeout": config.read_timeout_s,
+        "socket_connect_timeout": config.open_timeout_s,
+        "socket_read_size": _READ_SIZE if pass_through else 65536,
+        "connection_class": _connection_class(config, pass_through=pass_through, deadline=deadline),
+    }
 
-    A standalone client does no I/O yet; a cluster client contacts a seed node at once to learn
-    the slot map. ``pass_through=False`` keeps redis-py's default packer (what the raw baseline
-    measures).
+
+def connect(config: RedisConfig, *, pass_through: bool = True) -> Any:
+    """Build the plain redis-py client ``config`` describes, with client retries off.
+
+    The backend routes commands itself (see the module docstring); this client is what the raw
+    baseline measures. A standalone client does no I/O yet; a cluster client contacts a seed
+    node at once to learn the slot map. ``pass_through=False`` keeps redis-py's default packer.
     """
     endpoints = config.endpoints()
     first = endpoints[0]
-    common: dict[str, Any] = {
-        "username": first.username,
-        "password": first.password,
-        "socket_timeout": config.socket_timeout_s,
-        "socket_connect_timeout": config.connect_timeout_s,
-        "socket_read_size": _READ_SIZE if pass_through else 65536,
-        "connection_class": _connection_class(config, pass_through=pass_through),
-    }
+    common = _client_options(config, pass_through=pass_through, deadline=False)
     no_retry = Retry(NoBackoff(), 0)
     if config.is_cluster:
         # Only the URL form makes redis-py build each node's pool from our pool and connection
@@ -175,12 +338,12 @@ def connect(config: RedisConfig, *, pass_through: bool = True) -> Any:
             retry=no_retry,
             connection_pool_class=BlockingConnectionPool,
             max_connections=config.pool_size,
-            timeout=config.socket_timeout_s,
+            timeout=config.read_timeout_s,
             **common,
         )
     pool = BlockingConnectionPool(  # type: ignore[no-untyped-call]
         max_connections=config.pool_size,
-        timeout=config.socket_timeout_s,
+        timeout=config.read_timeout_s,
         host=first.host,
         port=first.port,
         db=first.db,
@@ -190,33 +353,301 @@ def connect(config: RedisConfig, *, pass_through: bool = True) -> Any:
     return redis.Redis(connection_pool=pool)
 
 
+# -- routing ------------------------------------------------------------------------------------
+
+
+def _node_name(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _split_node(name: str) -> tuple[str, int]:
+    host, _, port = name.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _read(conn: Any) -> Any:
+    """Read one reply; an error reply comes back as its exception object, not raised."""
+    try:
+        return conn.read_response()
+    except rx.ResponseError as exc:
+        return exc
+
+
+class _Nodes:
+    """The servers of one backend: one, or a cluster's primaries and which slot each serves.
+
+    Every command goes through :meth:`run`, one round trip per node, on pools of
+    :class:`_DeadlinePool`; nothing retries on its own.
+    """
+
+    def __init__(self, config: RedisConfig) -> None:
+        endpoints = config.endpoints()
+        self.cluster = config.is_cluster
+        self._seeds = [_node_name(e.host, e.port) for e in endpoints]
+        self._pool_options = {
+            **_client_options(config, pass_through=True, deadline=True),
+            "db": endpoints[0].db,
+            "max_connections": config.pool_size,
+            "timeout": config.read_timeout_s,
+            "retry": Retry(NoBackoff(), 0),
+            # RESP2: replies only, in order; no push messages between a pipeline's replies.
+            "protocol": 2,
+        }
+        self._pools: dict[str, _DeadlinePool] = {}
+        self._lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
+        self._slots: list[str | None] | None = None
+        self._refresh_due = self.cluster
+        self._refreshed_at = -math.inf
+        self._failed: dict[str, float] = {}
+
+    # topology
+
+    def primaries(self) -> list[str]:
+        """Return the nodes that hold keys: the server, or every primary of the cluster."""
+        if not self.cluster:
+            return self._seeds[:1]
+        return sorted({node for node in self._slots or () if node is not None})
+
+    def node_of(self, name: bytes) -> str:
+        """Return the node that serves ``name``.
+
+        Raises
+        ------
+        redis.exceptions.ClusterDownError
+            If no node is known to serve its slot.
+        """
+        if not self.cluster:
+            return self._seeds[0]
+        slot = key_slot(name)
+        node = self._slots[slot] if self._slots is not None else None
+        if node is None:
+            raise rx.ClusterDownError(f"no node of the cluster is known to serve slot {slot}")
+        return node
+
+    def prepare(self) -> None:
+        """Reload the slot map when it is missing, or due and no other thread is reloading it."""
+        if not self._refresh_due or not self.cluster:
+            return
+        if self._slots is None:
+            if not self._refresh_lock.acquire(timeout=_bounded(None) or -1):
+                raise rx.TimeoutError("another call is loading the cluster's slot map")
+        elif time.monotonic() - self._refreshed_at < _REFRESH_INTERVAL_S or (
+            not self._refresh_lock.acquire(blocking=False)
+        ):
+            return
+        try:
+            if self._refresh_due:
+                self._refresh()
+        except (rx.RedisError, OSError):
+            if self._slots is None:
+                raise
+        finally:
+            self._refresh_lock.release()
+
+    def _refresh(self) -> None:
+        """Load the slot map from the first node that answers, nodes that failed last."""
+        self._refreshed_at = time.monotonic()
+        known = [node for node in self.primaries() if node not in self._seeds]
+        candidates = sorted([*self._seeds, *known], key=lambda n: self._failed.get(n, -math.inf))
+        best: list[str | None] | None = None
+        error: Exception = rx.ConnectionError("no cluster node to ask for the slot map")
+        for node in candidates:
+            try:
+                reply = self.run([("CLUSTER", "SLOTS")], [node])[0]
+            except rx.AuthenticationError:
+                raise
+            except (rx.ConnectionError, rx.TimeoutError) as exc:
+                error = exc
+                continue
+            if isinstance(reply, Exception):
+                error = reply
+                continue
+            slots = _parse_slots(reply, _split_node(node)[0])
+            if best is None or slots.count(None) < best.count(None):
+                best = slots
+            if None not in slots:
+                break
+        if best is None:
+            raise error
+        self._slots = best
+        self._refresh_due = False
+
+    def failed(self, node: str) -> None:
+        """Note that ``node`` did not answer: try it last, and reload the slot map soon."""
+        self._failed[node] = time.monotonic()
+        self._refresh_due = self.cluster
+
+    def _moved(self, exc: rx.MovedError) -> str:
+        node = _node_name(exc.host, exc.port)
+        if self._slots is not None:
+            self._slots[exc.slot_id] = node
+        self._refresh_due = True
+        return node
+
+    # commands
+
+    def pool(self, node: str) -> _DeadlinePool:
+        """Return the connection pool of ``node``, made on first use."""
+        pool = self._pools.get(node)
+        if pool is None:
+            with self._lock:
+                pool = self._pools.get(node)
+                if pool is None:
+                    host, port = _split_node(node)
+                    pool = _DeadlinePool(host=host, port=port, **self._pool_options)  # type: ignore[no-untyped-call]
+                    self._pools[node] = pool
+        return pool
+
+    def run(self, commands: Sequence[tuple[Any, ...]], nodes: Sequence[str]) -> list[Any]:
+        """Send ``commands[i]`` to ``nodes[i]``, pipelined per node; return replies in order.
+
+        Error replies come back as exception objects. A ``MOVED``/``ASK`` reply is followed
+        (at most :data:`_REDIRECTS` times, time allowing).
+
+        Raises
+        ------
+        redis.exceptions.ConnectionError, redis.exceptions.TimeoutError
+            If a node cannot be reached or does not answer within the call's deadline.
+        """
+        targets = list(nodes)
+        replies: list[Any] = [None] * len(commands)
+        pending: Sequence[int] = range(len(commands))
+        asking: set[int] = set()
+        for _ in range(_REDIRECTS + 1):
+            self._exchange(commands, targets, pending, asking, replies)
+            pending = [i for i in pending if isinstance(replies[i], rx.AskError)]
+            asking = set()
+            for i in pending:
+                error = replies[i]
+                if isinstance(error, rx.MovedError):
+                    targets[i] = self._moved(error)
+                else:
+                    targets[i] = _node_name(error.host, error.port)
+                    asking.add(i)
+            if not pending:
+                break
+        return replies
+
+    def _exchange(
+        self,
+        commands: Sequence[tuple[Any, ...]],
+        targets: Sequence[str],
+        indices: Sequence[int],
+        asking: set[int],
+        replies: list[Any],
+    ) -> None:
+        """One round trip: write every node's commands, then read every node's replies."""
+        groups: dict[str, list[int]] = {}
+        for i in indices:
+            groups.setdefault(targets[i], []).append(i)
+        held: list[tuple[_DeadlinePool, Any]] = []
+        done = 0
+        try:
+            for node, group in groups.items():
+                pool = self.pool(node)
+                try:
+                    conn = pool.get_connection()  # type: ignore[no-untyped-call]
+                    held.append((pool, conn))
+                    wire: list[tuple[Any, ...]] = []
+                    for i in group:
+                        if i in asking:
+                            wire.append(("ASKING",))
+                        wire.append(commands[i])
+                    conn.send_packed_command(conn.pack_commands(wire), check_health=False)
+                except (rx.ConnectionError, rx.TimeoutError):
+                    self.failed(node)
+                    raise
+            for (node, group), (_, conn) in zip(groups.items(), held, strict=True):
+                try:
+                    for i in group:
+                        if i in asking:
+                            _read(conn)
+                        replies[i] = _read(conn)
+                except (rx.ConnectionError, rx.TimeoutError):
+                    self.failed(node)
+                    raise
+                done += 1
+        finally:
+            for index, (pool, conn) in enumerate(held):
+                if index >= done:
+                    conn.disconnect()  # replies may still be on their way: never reuse it
+                pool.release(conn)  # type: ignore[no-untyped-call]
+
+    def close(self) -> None:
+        """Close every connection of every pool."""
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            with contextlib.suppress(rx.RedisError, OSError):
+                pool.disconnect()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _parse_slots(reply: Any, asked_host: str) -> list[str | None]:
+    """Return the primary of each slot from a ``CLUSTER SLOTS`` reply (None: not served)."""
+    slots: list[str | None] = [None] * _SLOTS
+    for entry in reply:
+        start, end, primary = int(entry[0]), int(entry[1]), entry[2]
+        host = _text(primary[0]) or asked_host
+        if host == "?":
+            continue
+        node = _node_name(host, int(primary[1]))
+        slots[start : end + 1] = [node] * (end + 1 - start)
+    return slots
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+
 def _where(config: RedisConfig) -> str:
     kind = "cluster " if config.is_cluster else ""
-    nodes = ",".join(f"{e.host}:{e.port}" for e in config.endpoints())
+    nodes = ",".join(_node_name(e.host, e.port) for e in config.endpoints())
     return f"redis {kind}{nodes}"
 
 
-def _translate(exc: Exception, where: str, config: RedisConfig) -> tuple[str, BackendError]:
-    """Map a redis-py exception to ``(reason, typed error)``; the one place that does."""
+def _translate(exc: BaseException, where: str, config: RedisConfig) -> tuple[str, BackendError]:
+    """Map a redis-py (or socket) exception to ``(reason, typed error)``; the one place that does.
+
+    Messages are scrubbed of the configured passwords.
+    """
+    secrets = config.secrets()
+
+    def clean(text: str) -> str:
+        return redact_text(text, secrets)
+
     cause = exc.__cause__
     if isinstance(exc, rx.RedisClusterException) and isinstance(cause, rx.RedisError):
-        exc = cause  # "cluster cannot be connected" wraps the reason the nodes gave
+        exc = cause
     error: BackendError
     if isinstance(exc, rx.AuthenticationError):
-        error = BackendUnavailableError(f"{where} refused the login (username/password): {exc}")
+        error = BackendUnavailableError(
+            clean(f"{where} refused the login (username/password): {exc}")
+        )
         error.retryable = False
         return "auth", error
-    if isinstance(exc, rx.TimeoutError):
-        seconds = config.call_timeout_s
-        return "timeout", BackendTimeoutError(f"{where} did not answer within {seconds:g}s: {exc}")
-    if isinstance(exc, rx.ConnectionError | rx.ClusterDownError | rx.RedisClusterException):
-        return "unavailable", BackendUnavailableError(f"{where} is unavailable: {exc}")
-    if isinstance(exc, rx.ReadOnlyError | rx.TryAgainError):
-        return "unavailable", BackendUnavailableError(f"{where} cannot take writes now: {exc}")
+    if isinstance(exc, (rx.TimeoutError, TimeoutError)):
+        return "timeout", BackendTimeoutError(
+            clean(f"{where} did not answer within deadline_s={config.deadline_s:g}s: {exc}")
+        )
+    if isinstance(exc, (rx.ConnectionError, rx.ClusterError, rx.RedisClusterException)):
+        return "unavailable", BackendUnavailableError(clean(f"{where} is unavailable: {exc}"))
+    if isinstance(exc, (rx.ReadOnlyError, rx.TryAgainError, rx.AskError)):
+        return "unavailable", BackendUnavailableError(
+            clean(f"{where} cannot serve the key now: {exc}")
+        )
     if isinstance(exc, rx.OutOfMemoryError) or str(exc).startswith("OOM"):
-        error = BackendIOError(f"{where} is full (maxmemory with a noeviction policy): {exc}")
-        return "out_of_memory", error
-    return "error", BackendIOError(f"{where} failed: {type(exc).__name__}: {exc}")
+        message = f"{where} is full (maxmemory with a noeviction policy): {exc}"
+        return "out_of_memory", BackendIOError(clean(message))
+    if isinstance(exc, OSError) and not isinstance(exc, rx.RedisError):
+        return "unavailable", BackendUnavailableError(clean(f"{where} is unavailable: {exc}"))
+    return "error", BackendIOError(clean(f"{where} failed: {type(exc).__name__}: {exc}"))
+
+
+_CAUGHT = (rx.RedisError, rx.RedisClusterException, OSError)
 
 
 def _chunks(count: int, size: int) -> Iterator[slice]:
@@ -241,7 +672,8 @@ def _scatter(data: bytes, views: Sequence[memoryview]) -> None:
 class RedisBackend(StorageBackend):
     """Stores each key as one Redis string under ``config.prefix``; see the module docstring.
 
-    Construction checks the server with a ``PING`` (a cluster client also loads the slot map).
+    Construction checks the server with a ``PING`` (a cluster: loads the slot map), within
+    ``deadline_s``.
 
     Parameters
     ----------
@@ -255,7 +687,7 @@ class RedisBackend(StorageBackend):
     ConfigError
         If the server refuses the username or password.
     BackendUnavailableError
-        If no server answers within ``connect_timeout_s`` + ``socket_timeout_s``.
+        If no server answers within ``deadline_s``.
     """
 
     name = "redis"
@@ -273,32 +705,38 @@ class RedisBackend(StorageBackend):
             max_value_size=MAX_VALUE_SIZE,
         )
         self._where = _where(config)
-        self._prefix = config.prefix.encode("ascii")
+        self._namespace = config.namespace.encode("ascii") + b":"
         self._chunk = config.batch_chunk_size
         self._ttl_ms = 0 if config.ttl_s is None else max(1, round(config.ttl_s * 1000))
         self._set_args: tuple[Any, ...] = () if not self._ttl_ms else ("PX", self._ttl_ms)
         self._lock = threading.Lock()
         self._errors: Counter[str] = Counter()
         self._round_trips = 0
-        self._client: Any = None
+        self._nodes = _Nodes(config)
         try:
-            self._client = connect(config)
-            self._client.ping()
-        except (rx.RedisError, rx.RedisClusterException) as exc:
-            self._close_client()
+            with _deadline(config.deadline_s):
+                if self._nodes.cluster:
+                    self._nodes.prepare()
+                else:
+                    reply = self._nodes.run([("PING",)], self._nodes.primaries())[0]
+                    if isinstance(reply, Exception):
+                        raise reply
+        except _CAUGHT as exc:
+            self._nodes.close()
             raise self._open_error(exc) from exc
 
-    def _open_error(self, exc: Exception) -> Exception:
+    def _open_error(self, exc: BaseException) -> Exception:
         reason, error = _translate(exc, self._where, self.config)
-        if reason == "auth":
-            return ConfigError(
-                f"{self._where} refused the login: check username and password ({exc})"
-            )
+        if reason == "auth" or "NOAUTH" in str(exc) or "WRONGPASS" in str(exc):
+            return ConfigError(f"{self._where} refused the login: check username and password")
         if reason in ("unavailable", "timeout"):
             return BackendUnavailableError(
-                f"cannot reach {self._where} within connect_timeout_s="
-                f"{self.config.connect_timeout_s:g}s / socket_timeout_s="
-                f"{self.config.socket_timeout_s:g}s: {exc}"
+                redact_text(
+                    f"cannot reach {self._where} within deadline_s={self.config.deadline_s:g}s "
+                    f"(connect_timeout_s={self.config.open_timeout_s:g}s, socket_timeout_s="
+                    f"{self.config.read_timeout_s:g}s): {exc}",
+                    self.config.secrets(),
+                )
             )
         return error
 
@@ -309,46 +747,62 @@ class RedisBackend(StorageBackend):
             raise BackendClosedError("the redis backend is closed; create a new one")
 
     def _name(self, key: str) -> bytes:
-        return self._prefix + key.encode("ascii")
+        return self._namespace + key.encode("ascii")
+
+    def _owns(self, name: bytes) -> bool:
+        """Whether ``name`` is ``<namespace>:<key>`` of this namespace (not a nested one)."""
+        return name.startswith(self._namespace) and b":" not in name[len(self._namespace) :]
 
     @contextlib.contextmanager
     def _calling(self) -> Iterator[None]:
-        """Translate redis-py exceptions into typed errors, counting them by reason."""
+        """Bound the block by ``deadline_s``; translate exceptions into typed errors, counted."""
         try:
-            yield
-        except (rx.RedisError, rx.RedisClusterException) as exc:
+            with _deadline(self.config.deadline_s):
+                yield
+        except _CAUGHT as exc:
+            if isinstance(exc, BackendError):
+                raise
             reason, error = _translate(exc, self._where, self.config)
             with self._lock:
                 self._errors[reason] += 1
             raise error from exc
 
-    def _pipelined(
-        self,
-        count: int,
-        stage: Callable[[Any, slice], None],
-        take: Callable[[list[Any], slice], bool],
-    ) -> None:
-        """Run ``count`` commands in pipelined chunks.
+    def _run(self, commands: Sequence[tuple[Any, ...]], names: Sequence[bytes]) -> list[Any]:
+        """Run one round trip of single-key commands (``names[i]`` routes ``commands[i]``).
 
-        ``stage(pipe, part)`` queues a chunk's commands; ``take(replies, part)`` consumes its
-        replies and returns False to stop before the next chunk.
+        Raises the first error reply; the caller holds :meth:`_calling`.
         """
-        for part in _chunks(count, self._chunk):
-            with self._calling():
-                pipe = self._client.pipeline(transaction=False)
-                stage(pipe, part)
-                replies = pipe.execute()
-            with self._lock:
-                self._round_trips += 1
-            if not take(replies, part):
-                return
-
-    def _single(self, call: Callable[[], _T]) -> _T:
-        with self._calling():
-            result = call()
+        nodes = self._nodes
+        nodes.prepare()
+        replies = nodes.run(commands, [nodes.node_of(name) for name in names])
         with self._lock:
             self._round_trips += 1
-        return result
+        for reply in replies:
+            if isinstance(reply, Exception):
+                if isinstance(reply, (rx.ClusterDownError, rx.TryAgainError, rx.AskError)):
+                    nodes.failed(nodes.node_of(names[0]))
+                raise reply
+        return replies
+
+    def _single(self, command: tuple[Any, ...], name: bytes) -> Any:
+        with self._calling():
+            return self._run([command], [name])[0]
+
+    def _pipelined(
+        self,
+        names: Sequence[bytes],
+        stage: Callable[[slice], list[tuple[Any, ...]]],
+        take: Callable[[list[Any], slice], bool],
+    ) -> None:
+        """Run one command per name in pipelined chunks, all within one deadline.
+
+        ``stage(part)`` returns a chunk's commands; ``take(replies, part)`` consumes its replies
+        and returns False to stop before the next chunk.
+        """
+        with self._calling():
+            for part in _chunks(len(names), self._chunk):
+                if not take(self._run(stage(part), names[part]), part):
+                    return
 
     # -- the contract ---------------------------------------------------------------------------
 
@@ -360,11 +814,12 @@ class RedisBackend(StorageBackend):
         BufferSizeError
             If ``out`` is not exactly the value's size (``out`` is left untouched).
         BackendError
-            If the server cannot answer.
+            If the server cannot answer within ``deadline_s``.
         """
         self._check_open()
         dst = None if out is None else as_writable(out)
-        data: bytes | None = self._single(lambda: self._client.get(self._name(key)))
+        name = self._name(key)
+        data: bytes | None = self._single(("GET", name), name)
         if data is None or dst is None:
             return data
         if len(data) != dst.nbytes:
@@ -378,23 +833,22 @@ class RedisBackend(StorageBackend):
     def exists(self, key: str) -> bool:
         """Return whether ``key`` holds a value."""
         self._check_open()
-        return bool(self._single(lambda: self._client.exists(self._name(key))))
+        name = self._name(key)
+        return bool(self._single(("EXISTS", name), name))
 
     def set(self, key: str, value: Buffer) -> bool:
         """Store ``value`` under ``key`` unless it holds one already (the first one wins)."""
         self._check_open()
         view = as_readable(value)
-        self._single(
-            lambda: self._client.execute_command(
-                "SET", self._name(key), view, *self._set_args, "NX"
-            )
-        )
+        name = self._name(key)
+        self._single(("SET", name, view, *self._set_args, "NX"), name)
         return True
 
     def delete(self, key: str) -> bool:
         """Remove ``key``; return whether it existed."""
         self._check_open()
-        return bool(self._single(lambda: self._client.unlink(self._name(key))))
+        name = self._name(key)
+        return bool(self._single(("UNLINK", name), name))
 
     # -- batches --------------------------------------------------------------------------------
 
@@ -412,11 +866,8 @@ class RedisBackend(StorageBackend):
     def batch_exists(self, keys: Sequence[str]) -> int:
         """Return the length of the leading run of keys that exist, stopping at the first gap."""
         self._check_open()
+        names = [self._name(key) for key in keys]
         found = 0
-
-        def stage(pipe: Any, part: slice) -> None:
-            for key in keys[part]:
-                pipe.exists(self._name(key))
 
         def take(replies: list[Any], part: slice) -> bool:
             nonlocal found
@@ -426,18 +877,15 @@ class RedisBackend(StorageBackend):
                 found += 1
             return True
 
-        self._pipelined(len(keys), stage, take)
+        self._pipelined(names, lambda part: [("EXISTS", name) for name in names[part]], take)
         return found
 
     def _get_many(
         self, keys: Sequence[str], targets: Sequence[Sequence[memoryview]], sizes: Sequence[int]
     ) -> list[bool]:
         """GET each key and copy its value into its target buffers when its size matches."""
+        names = [self._name(key) for key in keys]
         hits = [False] * len(keys)
-
-        def stage(pipe: Any, part: slice) -> None:
-            for key in keys[part]:
-                pipe.get(self._name(key))
 
         def take(replies: list[Any], part: slice) -> bool:
             for index, data in zip(range(part.start, part.stop), replies, strict=True):
@@ -446,22 +894,24 @@ class RedisBackend(StorageBackend):
                     hits[index] = True
             return True
 
-        self._pipelined(len(keys), stage, take)
+        self._pipelined(names, lambda part: [("GET", name) for name in names[part]], take)
         return hits
 
     def _set_many(self, keys: Sequence[str], parts: Sequence[Sequence[memoryview]]) -> list[bool]:
         """Set each key to the concatenation of its buffers if absent; one command per key."""
+        names = [self._name(key) for key in keys]
         ttl = self._ttl_ms
 
-        def stage(pipe: Any, part: slice) -> None:
-            for key, buffers in zip(keys[part], parts[part], strict=True):
-                name = self._name(key)
+        def stage(part: slice) -> list[tuple[Any, ...]]:
+            commands: list[tuple[Any, ...]] = []
+            for name, buffers in zip(names[part], parts[part], strict=True):
                 if len(buffers) == 1:
-                    pipe.execute_command("SET", name, buffers[0], *self._set_args, "NX")
+                    commands.append(("SET", name, buffers[0], *self._set_args, "NX"))
                 else:
-                    pipe.execute_command("EVAL", _SET_PARTS, 1, name, ttl, *buffers)
+                    commands.append(("EVAL", _SET_PARTS, 1, name, ttl, *buffers))
+            return commands
 
-        self._pipelined(len(keys), stage, lambda replies, part: True)
+        self._pipelined(names, stage, lambda replies, part: True)
         return [True] * len(keys)
 
     # -- page I/O against the host pool --------------------------------------------------------
@@ -490,25 +940,30 @@ class RedisBackend(StorageBackend):
     # -- housekeeping ---------------------------------------------------------------------------
 
     def clear(self) -> None:
-        """Remove every key under this backend's prefix (SCAN + UNLINK); nothing else."""
+        """Remove every key of this namespace (SCAN + UNLINK on every primary); nothing else.
+
+        Each round trip (one SCAN step, one UNLINK chunk) is bounded by ``deadline_s``; the
+        whole walk takes as long as the keyspace needs.
+        """
         self._check_open()
         pattern = self.config.scan_pattern()
-        found: list[bytes] = []
         with self._calling():
-            for name in self._client.scan_iter(match=pattern, count=_SCAN_COUNT):
-                if name.startswith(self._prefix):
-                    found.append(name)
-                if len(found) >= _SCAN_COUNT:
-                    self._unlink(found)
-                    found = []
-        self._unlink(found)
-
-    def _unlink(self, names: list[bytes]) -> None:
-        def stage(pipe: Any, part: slice) -> None:
-            for name in names[part]:
-                pipe.unlink(name)
-
-        self._pipelined(len(names), stage, lambda replies, part: True)
+            self._nodes.prepare()
+            primaries = self._nodes.primaries()
+        for node in primaries:
+            cursor: Any = 0
+            while True:
+                with self._calling():
+                    scan = ("SCAN", cursor, "MATCH", pattern, "COUNT", _SCAN_COUNT)
+                    reply = self._nodes.run([scan], [node])[0]
+                    if isinstance(reply, Exception):
+                        raise reply
+                cursor, found = int(reply[0]), [name for name in reply[1] if self._owns(name)]
+                for part in _chunks(len(found), self._chunk):
+                    with self._calling():
+                        self._run([("UNLINK", name) for name in found[part]], found[part])
+                if cursor == 0:
+                    break
 
     def stats(self) -> dict[str, Any]:
         """Return the mode, the servers, round trips made and errors by reason."""
@@ -519,19 +974,11 @@ class RedisBackend(StorageBackend):
             "backend": self.name,
             "mode": "cluster" if self.config.is_cluster else "standalone",
             "servers": self._where,
-            "prefix": self.config.prefix,
+            "prefix": self.config.namespace,
+            "deadline_s": self.config.deadline_s,
             "round_trips": round_trips,
             "errors": errors,
         }
 
     def _close(self) -> None:
-        self._close_client()
-
-    def _close_client(self) -> None:
-        client, self._client = self._client, None
-        if client is None:
-            return
-        with contextlib.suppress(rx.RedisError, rx.RedisClusterException, OSError):
-            client.close()
-            if not self.config.is_cluster:
-                client.connection_pool.disconnect()
+        self._nodes.close()

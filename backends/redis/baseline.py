@@ -26,7 +26,7 @@ __all__ = ["RawRedisBaseline"]
 
 
 class RawRedisBaseline:
-    """Pipelined ``SET``/``GET`` of ``<prefix>raw-baseline:<name>`` with plain redis-py.
+    """Pipelined ``SET``/``GET`` of ``<namespace>:raw-baseline:<name>`` with plain redis-py.
 
     Parameters
     ----------
@@ -37,7 +37,7 @@ class RawRedisBaseline:
     """
 
     def __init__(self, config: RedisConfig, deployment: Deployment | None = None) -> None:
-        self.prefix = f"{config.prefix}raw-baseline:".encode("ascii")
+        self.prefix = f"{config.namespace}:raw-baseline:".encode("ascii")
         self.client: Any = connect(config, pass_through=False)
         self.written: set[bytes] = set()
 

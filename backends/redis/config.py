@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-import math
 import re
 import urllib.parse
 
 import msgspec
 
-__all__ = ["Endpoint", "RedisConfig", "parse_node", "parse_url"]
+from hicache_storage.options import MAX_COUNT, MAX_TTL_S, check_count, check_port, check_seconds
+from hicache_storage.redact import MASK, redact_url
+
+__all__ = ["DEFAULT_CONNECT_TIMEOUT_S", "Endpoint", "RedisConfig", "parse_node", "parse_url"]
+
+DEFAULT_CONNECT_TIMEOUT_S = 2.0
+"""``connect_timeout_s`` when unset (and ``deadline_s`` is longer)."""
 
 _SCHEMES = ("redis", "rediss")
-_PREFIX = re.compile(r"[\x21-\x7e]+")
-_GLOB = re.compile(r"([*?\[\]\\])")
+_SEGMENT = r"[A-Za-z0-9_.\-]+"
+_PREFIX = re.compile(rf"{_SEGMENT}(?::{_SEGMENT})*:?")
+"""Segments of the key alphabet joined by ':' (keys never hold one), a trailing ':' allowed."""
+_MAX_DB = (1 << 31) - 1
 
 
 class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
@@ -25,11 +32,12 @@ class Endpoint(msgspec.Struct, frozen=True, kw_only=True):
     username: str | None = None
     password: str | None = None
 
-
-def _port(text: str, where: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise ValueError(f"{where} has no valid port (1..65535): {text!r}")
-    return int(text)
+    def __repr__(self) -> str:
+        password = None if self.password is None else MASK
+        return (
+            f"Endpoint(host={self.host!r}, port={self.port}, tls={self.tls}, db={self.db}, "
+            f"username={self.username!r}, password={password!r})"
+        )
 
 
 def parse_url(url: str) -> Endpoint:
@@ -38,28 +46,34 @@ def parse_url(url: str) -> Endpoint:
     Raises
     ------
     ValueError
-        If the scheme, host, port or database number is malformed.
+        If the scheme, host, port or database number is malformed. The message never holds
+        the URL's password.
     """
+    shown = redact_url(url)
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in _SCHEMES:
-        raise ValueError(f"url must start with redis:// or rediss://, got {url!r}")
+        raise ValueError(f"url must start with redis:// or rediss://, got {shown!r}")
     try:
         port = parts.port
     except ValueError:
-        raise ValueError(f"url has no valid port (1..65535): {url!r}") from None
+        raise ValueError(f"url has no valid port (1..65535): {shown!r}") from None
+    if port is not None:
+        check_port("url port", port)
     if not parts.hostname:
-        raise ValueError(f"url names no host: {url!r}")
+        raise ValueError(f"url names no host: {shown!r}")
     if parts.query or parts.fragment:
-        raise ValueError(f"url must not carry a query or fragment; use the options: {url!r}")
+        raise ValueError(f"url must not carry a query or fragment; use the options: {shown!r}")
     path = parts.path.strip("/")
-    if path and not path.isdigit():
+    if path and not (path.isascii() and path.isdigit()):
         raise ValueError(f"url path must be a database number, got {parts.path!r}")
+    db = int(path) if path else 0
+    check_count("url database number", db, minimum=0, maximum=_MAX_DB)
     unquote = urllib.parse.unquote
     return Endpoint(
         host=parts.hostname,
         port=port or 6379,
         tls=parts.scheme == "rediss",
-        db=int(path) if path else 0,
+        db=db,
         username=unquote(parts.username) if parts.username else None,
         password=unquote(parts.password) if parts.password is not None else None,
     )
@@ -78,16 +92,7 @@ def parse_node(node: str) -> tuple[str, int]:
         raise ValueError(f"cluster node must be host:port, got {node!r}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    return host, _port(port, f"cluster node {node!r}")
-
-
-def _seconds(name: str, value: object, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    if math.isnan(value) or value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
+    return host, check_port(f"cluster node {node!r}", port)
 
 
 class RedisConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -117,19 +122,26 @@ class RedisConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         Verify the server's certificate and host name. Turning it off makes TLS open to
         impersonation; use it only against test servers.
     prefix
-        Namespace of this backend's keys: every key is stored as ``prefix + key``, and
-        ``clear()`` removes only keys under it. Printable ASCII without spaces or braces
-        (a ``{hash tag}`` would pin every key to one cluster slot).
+        Namespace of this backend's keys: one or more segments of the key alphabet
+        (``[A-Za-z0-9_.-]``) joined by ``:``; a trailing ``:`` is dropped. Key ``k`` is stored as
+        ``<prefix>:k``, and ``clear()`` removes only names ``<prefix>:<rest>`` whose ``<rest>``
+        holds no ``:``, so no two prefixes ever share or clear each other's objects.
     ttl_s
         Expire each object this many seconds after it was written; ``None`` keeps objects until
         deleted or evicted by the server's ``maxmemory`` policy.
     pool_size
-        Most connections per server (per node in a cluster); callers beyond it wait up to
-        ``socket_timeout_s`` for a free one.
+        Most connections per server (per node in a cluster); callers beyond it wait for a free
+        one, within the call's deadline.
+    deadline_s
+        Longest any one call (single key or batch, every node and round trip of it, connecting
+        and topology refresh included) takes before it raises ``BackendTimeoutError`` or
+        ``BackendUnavailableError``.
     socket_timeout_s
-        Longest wait for the server's answer to one round trip (or for a free connection).
+        Longest wait for one socket read or write (or for a free pooled connection) within a
+        call; at most ``deadline_s``, which it defaults to.
     connect_timeout_s
-        Longest wait to open a connection.
+        Longest wait to open a connection; at most ``deadline_s``. Defaults to 2 s (or
+        ``deadline_s`` when shorter).
     batch_chunk_size
         Keys per pipelined round trip in batch calls; bounds the memory one round trip holds.
     """
@@ -144,11 +156,12 @@ class RedisConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_verify: bool = True
-    prefix: str = "hicache:"
+    prefix: str = "hicache"
     ttl_s: float | None = None
     pool_size: int = 16
-    socket_timeout_s: float = 5.0
-    connect_timeout_s: float = 2.0
+    deadline_s: float = 5.0
+    socket_timeout_s: float | None = None
+    connect_timeout_s: float | None = None
     batch_chunk_size: int = 32
 
     def __post_init__(self) -> None:
@@ -165,19 +178,34 @@ class RedisConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
                 parse_node(node)
         if not isinstance(self.prefix, str) or not _PREFIX.fullmatch(self.prefix):
             raise ValueError(
-                f"prefix must be non-empty printable ASCII without spaces, got {self.prefix!r}"
+                "prefix must be one or more segments of letters, digits, '_', '.' and '-' "
+                f"joined by ':' (a trailing ':' is allowed), got {self.prefix!r}"
             )
-        if "{" in self.prefix or "}" in self.prefix:
-            raise ValueError("prefix must not contain braces: a hash tag pins keys to one slot")
-        _seconds("ttl_s", self.ttl_s, allow_none=True)
-        _seconds("socket_timeout_s", self.socket_timeout_s)
-        _seconds("connect_timeout_s", self.connect_timeout_s)
-        for name in ("pool_size", "batch_chunk_size"):
+        check_seconds("ttl_s", self.ttl_s, maximum=MAX_TTL_S, allow_none=True)
+        check_seconds("deadline_s", self.deadline_s)
+        for name in ("socket_timeout_s", "connect_timeout_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            check_seconds(name, value, allow_none=True)
+            if value is not None and value > self.deadline_s:
+                raise ValueError(
+                    f"{name}={value:g} is longer than deadline_s={self.deadline_s:g}, which "
+                    f"bounds every call: lower {name} or raise deadline_s"
+                )
+        check_count("pool_size", self.pool_size, maximum=MAX_COUNT)
+        check_count("batch_chunk_size", self.batch_chunk_size, maximum=MAX_COUNT)
         if self.tls_key_file is not None and self.tls_cert_file is None:
             raise ValueError("tls_key_file needs tls_cert_file")
+
+    def __repr__(self) -> str:
+        fields = []
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if name == "password" and value is not None:
+                value = MASK
+            elif name == "url" and value is not None:
+                value = redact_url(value)
+            fields.append(f"{name}={value!r}")
+        return f"RedisConfig({', '.join(fields)})"
 
     @property
     def is_cluster(self) -> bool:
@@ -190,9 +218,21 @@ class RedisConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         return self.tls or (self.url is not None and parse_url(self.url).tls)
 
     @property
-    def call_timeout_s(self) -> float:
-        """Longest a call waits on an unresponsive server: one connect plus one answer."""
-        return self.connect_timeout_s + self.socket_timeout_s
+    def namespace(self) -> str:
+        """The prefix without its trailing ``:``; key ``k`` is stored as ``<namespace>:k``."""
+        return self.prefix[:-1] if self.prefix.endswith(":") else self.prefix
+
+    @property
+    def read_timeout_s(self) -> float:
+        """The effective ``socket_timeout_s``."""
+        return self.deadline_s if self.socket_timeout_s is None else self.socket_timeout_s
+
+    @property
+    def open_timeout_s(self) -> float:
+        """The effective ``connect_timeout_s``."""
+        if self.connect_timeout_s is not None:
+            return self.connect_timeout_s
+        return min(DEFAULT_CONNECT_TIMEOUT_S, self.deadline_s)
 
     def endpoints(self) -> list[Endpoint]:
         """Return the configured addresses, with the login options applied."""
@@ -213,6 +253,15 @@ class RedisConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             for e in found
         ]
 
+    def secrets(self) -> set[str]:
+        """Return the passwords this config holds (as given and URL-decoded), to mask them."""
+        found = {self.password} if self.password else set()
+        if self.url is not None:
+            password = urllib.parse.urlsplit(self.url).password
+            if password:
+                found |= {password, urllib.parse.unquote(password)}
+        return found
+
     def scan_pattern(self) -> str:
-        """Return the SCAN ``MATCH`` pattern of this prefix, glob characters escaped."""
-        return _GLOB.sub(r"\\\1", self.prefix) + "*"
+        """Return the SCAN ``MATCH`` pattern of this namespace (no glob character can occur)."""
+        return f"{self.namespace}:*"

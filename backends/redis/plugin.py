@@ -23,6 +23,7 @@ SPEC = BackendSpec(
     ),
     baseline="hicache_storage.backends.redis.baseline:RawRedisBaseline",
     description="Redis server or Redis Cluster (redis-py + hiredis)",
+    namespace_option="prefix",
 )
 
 

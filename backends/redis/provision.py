@@ -64,11 +64,14 @@ def _server_conf(directory: Path, port: int, password: str, extra: dict[str, str
     return conf
 
 
-def _options(password: str, socket_timeout_s: float, connect_timeout_s: float) -> dict[str, Any]:
+def _options(
+    password: str, deadline_s: float, socket_timeout_s: float, connect_timeout_s: float
+) -> dict[str, Any]:
     return {
         "password": password,
-        "socket_timeout_s": socket_timeout_s,
-        "connect_timeout_s": connect_timeout_s,
+        "deadline_s": deadline_s,
+        "socket_timeout_s": min(socket_timeout_s, deadline_s),
+        "connect_timeout_s": min(connect_timeout_s, deadline_s),
     }
 
 
@@ -78,13 +81,15 @@ def standalone(
     port: int | None = None,
     password: str = TEST_PASSWORD,
     maxmemory: str | None = None,
+    deadline_s: float = 3.0,
     socket_timeout_s: float = 2.0,
     connect_timeout_s: float = 1.0,
 ) -> LocalService:
     """Describe one ``redis-server`` on 127.0.0.1 (a free port unless ``port`` is given).
 
     ``maxmemory`` (e.g. ``"64mb"``) bounds the server with the ``allkeys-lru`` policy. The
-    service's ``options`` are the backend options that reach it (add a ``prefix`` of your own).
+    service's ``options`` are the backend options that reach it (add a ``prefix`` of your own);
+    its ``timeout_s``, the bound the fault checks hold every call to, is their ``deadline_s``.
     """
     root = Path(workdir)
     port = port or free_port()
@@ -94,14 +99,14 @@ def standalone(
         backend="redis",
         options={
             "url": f"redis://127.0.0.1:{port}/0",
-            **_options(password, socket_timeout_s, connect_timeout_s),
+            **_options(password, deadline_s, socket_timeout_s, connect_timeout_s),
         },
         processes=[
             ProcessSpec(name=f"redis-{port}", argv=[_redis_server(), str(conf)], ports=[port])
         ],
         workdir=str(root),
         ready=_READY,
-        timeout_s=connect_timeout_s + socket_timeout_s,
+        timeout_s=deadline_s,
         start_timeout_s=30.0,
     )
     return LocalService(state, root / "redis-service.json")
@@ -114,13 +119,17 @@ def cluster(
     ports: list[int] | None = None,
     password: str = TEST_PASSWORD,
     node_timeout_ms: int = 3000,
+    deadline_s: float = 3.0,
     socket_timeout_s: float = 2.0,
     connect_timeout_s: float = 1.0,
+    pause_all: bool = False,
 ) -> LocalService:
     """Describe a Redis Cluster of ``masters`` primaries (no replicas) on 127.0.0.1.
 
     Each node also opens its cluster bus at ``port + 10000``, so free ports are chosen with that
-    one free too.
+    one free too. :meth:`~LocalService.pause` freezes only the first primary (every node with
+    ``pause_all``): a batch then meets nodes that answer and one that hangs, the case where a
+    client that retries the hung node's commands one by one overruns its deadline.
     """
     root = Path(workdir)
     chosen = ports or [free_port(also=(10000,)) for _ in range(masters)]
@@ -142,12 +151,13 @@ def cluster(
         backend="redis",
         options={
             "cluster_nodes": [f"127.0.0.1:{port}" for port in chosen],
-            **_options(password, socket_timeout_s, connect_timeout_s),
+            **_options(password, deadline_s, socket_timeout_s, connect_timeout_s),
         },
         processes=processes,
         workdir=str(root),
         ready=_READY,
-        timeout_s=connect_timeout_s + socket_timeout_s,
+        timeout_s=deadline_s,
+        pause_targets=None if pause_all else [processes[0].name],
         start_timeout_s=60.0,
     )
     return LocalService(state, root / "redis-cluster-service.json")
