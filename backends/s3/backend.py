@@ -21,11 +21,34 @@ Reads
     checksum mismatch raises (the default layers answer a miss), never a hit.
 
 Batches
-    Batch calls run on a thread pool of ``max_concurrency`` workers sharing one thread-safe
+    Requests run on a thread pool of ``max_concurrency`` workers sharing one thread-safe
     client. ``batch_exists`` keeps at most that many ``HeadObject`` requests in flight, in key
     order, and issues none past the first miss. Every batch stops at its first infrastructure
-    error: requests not yet started are dropped, those in flight finish (each bounded by the
-    timeouts), then the error is raised.
+    error: requests not yet started are dropped, those in flight are abandoned, and the error
+    is raised.
+
+The deadline
+    Every call, single-key ones included, runs its requests on the pool while the caller waits
+    at most ``deadline_s``; then it raises ``BackendTimeoutError`` (a miss through the default
+    layers) whatever the store does. Requests still running are abandoned, and three things
+    keep that safe and short:
+
+    * a worker never writes into the caller's buffer after the call gave up: response bodies
+      are read into a worker-private chunk, and each chunk is copied into the destination under
+      the call's lock, only while the call is not cancelled; the caller sets the flag under the
+      same lock before it returns. Values to write are immutable ``bytes`` (copied from a
+      mutable buffer first), so a caller reusing its buffer cannot change what an abandoned
+      ``PutObject`` sends;
+    * botocore's retries are gated by the call's deadline (a ``needs-retry`` handler refuses a
+      retry whose backoff and a useful attempt no longer fit; a ``before-send`` handler refuses
+      to send once the call is over), and each attempt's socket timeouts are at most
+      ``deadline_s``;
+    * a streamed body is abandoned between chunks once the call is over.
+
+Secrets
+    Credentials are never options. The secret key and session token the AWS chain resolved are
+    masked (``***``) in every message this backend makes and in botocore's and urllib3's own log
+    records (their DEBUG lines print request headers, the session token among them).
 """
 
 from __future__ import annotations
@@ -35,6 +58,7 @@ import contextlib
 import hashlib
 import logging
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -72,6 +96,7 @@ from hicache_storage.errors import (
     IntegrityError,
 )
 from hicache_storage.keys.validation import validate_key
+from hicache_storage.redact import redact_text, redact_url
 
 from .config import MAX_OBJECT_KEY_BYTES, S3Config
 
@@ -117,6 +142,116 @@ _LOADER: Any = None
 """botocore's parsed service models, shared by every client this process makes: a new session
 would otherwise parse the S3 model again (about 60 ms per backend instance)."""
 
+_MIN_ATTEMPT_S = 0.1
+"""A retry is made only when at least this much of the call's time is left after its backoff."""
+
+_THROTTLING_BACKOFF_S = 1.0
+"""botocore's backoff scale after an error response (throttling), and in legacy mode always."""
+_NON_THROTTLING_BACKOFF_S = 0.05
+"""botocore's standard backoff scale after a connection error or timeout."""
+_MAX_BACKOFF_S = 20.0
+_RETRY_AFTER_EXTRA_S = 5.0
+"""How far ``x-amz-retry-after`` may stretch botocore's standard backoff."""
+
+_LOG_SCOPES = ("botocore", "urllib3", "boto3", "s3transfer")
+"""Libraries whose log records may quote request headers (the session token among them)."""
+
+
+class _DeadlinePassed(Exception):
+    """Raised inside a worker when its call is over (deadline reached or given up)."""
+
+
+class _Call:
+    """One public call: its deadline, and the flag that keeps its workers off the caller's buffers.
+
+    Workers copy into the caller's buffers only under :attr:`lock` and only while
+    :attr:`cancelled` is false; the caller sets it under the same lock before it returns without
+    having waited for every worker.
+    """
+
+    __slots__ = ("cancelled", "deadline", "lock")
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.lock = threading.Lock()
+        self.cancelled = False
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def live(self) -> bool:
+        return not self.cancelled and time.monotonic() < self.deadline
+
+    def cancel(self) -> None:
+        with self.lock:
+            self.cancelled = True
+
+
+_current = threading.local()
+"""``call``: the :class:`_Call` the running worker thread serves (None outside a job)."""
+
+_scratch = threading.local()
+"""``chunk``: each worker thread's private buffer that response bodies are read into."""
+
+_SECRETS_LOCK = threading.Lock()
+_SECRETS: frozenset[str] = frozenset()
+"""Credentials resolved by any S3 backend of this process, masked in library log records."""
+
+
+class _RedactSecrets(logging.Filter):
+    """Masks the resolved AWS secrets in the log records of botocore and urllib3."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        secrets = _SECRETS
+        if not secrets:
+            return True
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError, KeyError):  # malformed: the logging module's business
+            return True
+        clean = redact_text(message, secrets)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
+
+
+_REDACT_FILTER = _RedactSecrets()
+
+
+def _guard_library_logs(secrets: frozenset[str]) -> None:
+    """Add ``secrets`` to the masked set; filter every logger of the client libraries."""
+    global _SECRETS
+    with _SECRETS_LOCK:
+        _SECRETS = _SECRETS | secrets
+        names = [
+            name
+            for name in list(logging.Logger.manager.loggerDict)
+            if name.split(".", 1)[0] in _LOG_SCOPES
+        ]
+        for name in (*_LOG_SCOPES, *names):
+            logger_ = logging.getLogger(name)
+            if _REDACT_FILTER not in logger_.filters:
+                logger_.addFilter(_REDACT_FILTER)
+
+
+def _credential_secrets(credentials: Any) -> frozenset[str]:
+    """Return the secret key and session token of resolved botocore credentials.
+
+    Read from the instance's own attributes, so refreshable credentials are not refreshed.
+    """
+    if credentials is None:
+        return frozenset()
+    try:
+        fields = vars(credentials)
+    except TypeError:
+        return frozenset()
+    found = {
+        value
+        for name in ("secret_key", "_secret_key", "token", "_token")
+        if isinstance(value := fields.get(name), str) and value
+    }
+    return frozenset(found)
+
 
 def _session(profile: str | None) -> botocore.session.Session:
     """Return a fresh botocore session (its own credential chain) over the shared model cache."""
@@ -133,12 +268,12 @@ def _session(profile: str | None) -> botocore.session.Session:
 def client_config(config: S3Config) -> Config:
     """Return the botocore client settings of ``config``: timeouts, retries, pool, checksums.
 
-    The backend and its raw baseline use the same settings, so ``hicache bench`` compares like
-    with like.
+    Each attempt's timeouts are at most ``deadline_s``. The backend and its raw baseline use
+    the same settings, so ``hicache bench`` compares like with like.
     """
     return Config(
-        connect_timeout=config.connect_timeout_s,
-        read_timeout=config.read_timeout_s,
+        connect_timeout=config.attempt_connect_timeout_s,
+        read_timeout=config.attempt_read_timeout_s,
         retries={"mode": config.retry_mode, "total_max_attempts": config.max_attempts},
         max_pool_connections=2 * config.max_concurrency,
         s3={"addressing_style": config.addressing_style},
@@ -150,12 +285,24 @@ def client_config(config: S3Config) -> Config:
 
 def make_client(config: S3Config) -> Any:
     """Build the S3 client ``config`` describes; credentials come from the AWS chain."""
-    return _session(config.profile).create_client(
+    client, _ = _make_client(config)
+    return client
+
+
+def _make_client(config: S3Config) -> tuple[Any, frozenset[str]]:
+    """Build the client; return it with the secrets of the credentials it resolved."""
+    session = _session(config.profile)
+    client = session.create_client(
         "s3",
         region_name=config.region,
         endpoint_url=config.endpoint_url,
         config=client_config(config),
     )
+    try:
+        secrets = _credential_secrets(session.get_credentials())
+    except (BotoCoreError, OSError):  # no credentials resolve: nothing to mask
+        secrets = frozenset()
+    return client, secrets
 
 
 def _flat(view: memoryview) -> memoryview:
@@ -163,10 +310,14 @@ def _flat(view: memoryview) -> memoryview:
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
-def _body(view: memoryview) -> bytes | bytearray:
-    """Return a body botocore accepts (bytes or bytearray), copying only when it must."""
+def _body(view: memoryview) -> bytes:
+    """Return the value as immutable ``bytes``, copying unless it is ``bytes`` already.
+
+    A request abandoned at the deadline may still be sending; the caller is then free to reuse
+    its buffer, which must not change what that request sends.
+    """
     owner = view.obj
-    if isinstance(owner, (bytes, bytearray)) and len(owner) == view.nbytes:
+    if type(owner) is bytes and len(owner) == view.nbytes:
         return owner
     return view.tobytes()
 
@@ -216,20 +367,27 @@ class S3Backend(StorageBackend):
             max_value_size=MAX_PUT_BYTES,
         )
         self._bucket = config.bucket
-        self._prefix = config.prefix
-        self._endpoint = config.endpoint_url or "AWS S3"
+        prefix = config.prefix
+        self._prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+        self._endpoint = redact_url(config.endpoint_url) if config.endpoint_url else "AWS S3"
         self._conditional = config.conditional_put
+        self._deadline_s = config.deadline_s
         self._lock = threading.Lock()
         self._requests: Counter[str] = Counter()
         self._error_counts: Counter[str] = Counter()
         self._counts: Counter[str] = Counter()
-        self._client = make_client(config)
+        self._secrets: frozenset[str] = frozenset()
+        self._client, self._secrets = _make_client(config)
+        _guard_library_logs(self._secrets)
+        events = self._client.meta.events
+        events.register_first("needs-retry.s3", self._gate_retry)
+        events.register_first("before-send.s3", self._gate_send)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=config.max_concurrency, thread_name_prefix="hicache-s3"
         )
         try:
             if config.verify_bucket or config.create_bucket:
-                self._open_bucket()
+                self._run_one("open", "", self._open_bucket)
         except BaseException:
             self._close()
             raise
@@ -249,15 +407,16 @@ class S3Backend(StorageBackend):
         self._check_open()
         name = self._name(key)
         if out is None:
-            return self._read_bytes(name)
+            return self._run_one("get", name, self._read_bytes, name)
         dst = _flat(as_writable(out))
-        loaded = self._load(name, [dst], strict=True)
+        loaded = self._run_one("get", name, self._load, name, [dst], True)
         return out if loaded else None
 
     def exists(self, key: str) -> bool:
         """Return whether ``key`` holds an object (one ``HeadObject``)."""
         self._check_open()
-        return self._head(self._name(key))
+        name = self._name(key)
+        return self._run_one("head", name, self._head, name)
 
     def set(self, key: str, value: Buffer) -> bool:
         """Store ``value`` under ``key`` unless it holds a value already (the first one wins).
@@ -268,8 +427,8 @@ class S3Backend(StorageBackend):
             If the store failed; the key is then absent or holds its old complete value.
         """
         self._check_open()
-        view = as_readable(value)
-        return self._store(self._name(key), _body(view))
+        name = self._name(key)
+        return self._run_one("set", name, self._store, name, _body(as_readable(value)))
 
     def batch_get(self, keys: Sequence[str], outs: Sequence[Buffer]) -> list[bool]:
         """Read each object straight into its buffer, concurrently; a size mismatch is a miss."""
@@ -278,7 +437,7 @@ class S3Backend(StorageBackend):
             (self._name(key), [_flat(as_writable(out))])
             for key, out in zip(keys, outs, strict=True)
         ]
-        return self._map(self._load_page, jobs)
+        return self._map("get", self._load_page, jobs)
 
     def batch_set(self, keys: Sequence[str], values: Sequence[Buffer]) -> list[bool]:
         """Store each value under its key, concurrently (the first value of a key wins)."""
@@ -287,7 +446,7 @@ class S3Backend(StorageBackend):
             (self._name(key), _body(as_readable(value)))
             for key, value in zip(keys, values, strict=True)
         ]
-        return self._map(self._store, jobs)
+        return self._map("set", self._store, jobs)
 
     def batch_exists(self, keys: Sequence[str]) -> int:
         """Return the length of the leading run of keys that exist.
@@ -297,24 +456,27 @@ class S3Backend(StorageBackend):
         """
         self._check_open()
         names = [self._name(key) for key in keys]
-        if len(names) <= 1:
-            return int(bool(names) and self._head(names[0]))
+        call = self._new_call()
         window: deque[concurrent.futures.Future[bool]] = deque()
         issued = count = 0
         try:
             while True:
                 while issued < len(names) and len(window) < self.config.max_concurrency:
-                    window.append(self._submit(self._head, names[issued]))
+                    window.append(self._submit(call, self._head, (names[issued],)))
                     issued += 1
                 if not window:
                     return count
-                if not window.popleft().result():
+                done, _ = concurrent.futures.wait([window[0]], timeout=max(0.0, call.remaining()))
+                if not done:
+                    raise self._expired("head", names[count], len(names))
+                if not self._result(window.popleft(), "head", names[count], len(names)):
                     return count
                 count += 1
         finally:
-            for future in window:
-                future.cancel()
-            concurrent.futures.wait(window)
+            if window:
+                call.cancel()
+                for future in window:
+                    future.cancel()
 
     # -- page I/O against the host pool -----------------------------------------------------------
 
@@ -331,7 +493,7 @@ class S3Backend(StorageBackend):
             (self._name(key), [_flat(view) for view in views])
             for key, views in zip(keys, pages, strict=True)
         ]
-        return self._map(self._load_page, jobs)
+        return self._map("get", self._load_page, jobs)
 
     def batch_set_v1(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
@@ -342,9 +504,9 @@ class S3Backend(StorageBackend):
         jobs: list[tuple[str, bytes | bytearray]] = []
         for key, views in zip(keys, pages, strict=True):
             flat = [_flat(view) for view in views]
-            body = _body(flat[0]) if len(flat) == 1 else b"".join(flat)
+            body = flat[0].tobytes() if len(flat) == 1 else b"".join(flat)
             jobs.append((self._name(key), body))
-        return self._map(self._store, jobs)
+        return self._map("set", self._store, jobs)
 
     # -- housekeeping ---------------------------------------------------------------------------
 
@@ -352,37 +514,31 @@ class S3Backend(StorageBackend):
         """Remove ``key``; return whether it existed (``HeadObject``, then ``DeleteObject``)."""
         self._check_open()
         name = self._name(key)
-        if not self._head(name):
-            return False
-        with self._errors("delete", name):
-            self._count_request("delete")
-            self._client.delete_object(Bucket=self._bucket, Key=name)
-        return True
+        return self._run_one("delete", name, self._delete, name)
 
     def clear(self) -> None:
         """Delete every object of this namespace, in batches of up to 1000 per request.
 
         Only direct children of ``prefix`` whose names are keys (or hashed keys) are removed:
-        deeper prefixes (other namespaces) and foreign names are left alone.
+        deeper prefixes (other namespaces) and foreign names are left alone. Each request (a
+        listing page, a deletion of up to 1000) has its own ``deadline_s``.
         """
         self._check_open()
         names = self._list_own()
+        where = self._prefix or "/"
         for start in range(0, len(names), 1000):
             batch = names[start : start + 1000]
-            with self._errors("clear", self._prefix or "/"):
-                self._count_request("delete_objects")
-                answer = self._client.delete_objects(
-                    Bucket=self._bucket,
-                    Delete={"Objects": [{"Key": name} for name in batch], "Quiet": True},
-                )
+            answer = self._run_one("clear", where, self._delete_objects, batch)
             failed = answer.get("Errors") or []
             if failed:
                 first = failed[0]
                 self._count_error(str(first.get("Code", "DeleteError")))
                 raise BackendIOError(
-                    f"s3 clear of {self._where(self._prefix)}: {len(failed)} of {len(batch)} "
-                    f"objects were not deleted (first {first.get('Key')!r}: "
-                    f"{first.get('Code')}: {first.get('Message')})"
+                    self._redact(
+                        f"s3 clear of {self._where(self._prefix)}: {len(failed)} of "
+                        f"{len(batch)} objects were not deleted (first {first.get('Key')!r}: "
+                        f"{first.get('Code')}: {first.get('Message')})"
+                    )
                 )
 
     def stats(self) -> dict[str, Any]:
@@ -405,7 +561,9 @@ class S3Backend(StorageBackend):
             }
 
     def _close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        # Requests abandoned at a deadline may still run; they touch no caller buffer, and
+        # their sockets time out on their own, so close does not wait for them.
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
 
     # -- naming ---------------------------------------------------------------------------------
@@ -439,9 +597,7 @@ class S3Backend(StorageBackend):
             }
             if token is not None:
                 request["ContinuationToken"] = token
-            with self._errors("list", self._prefix or "/"):
-                self._count_request("list")
-                page = self._client.list_objects_v2(**request)
+            page = self._run_one("list", self._prefix or "/", self._list_page, request)
             names.extend(
                 item["Key"] for item in page.get("Contents") or [] if self._owns(item["Key"])
             )
@@ -449,7 +605,30 @@ class S3Backend(StorageBackend):
             if token is None:
                 return names
 
-    # -- requests -------------------------------------------------------------------------------
+    # -- requests (each runs on a worker thread, inside one call) --------------------------------
+
+    def _list_page(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self._errors("list", self._prefix or "/"):
+            self._count_request("list")
+            page: dict[str, Any] = self._client.list_objects_v2(**request)
+        return page
+
+    def _delete(self, name: str) -> bool:
+        if not self._head(name):
+            return False
+        with self._errors("delete", name):
+            self._count_request("delete")
+            self._client.delete_object(Bucket=self._bucket, Key=name)
+        return True
+
+    def _delete_objects(self, batch: list[str]) -> dict[str, Any]:
+        with self._errors("clear", self._prefix or "/"):
+            self._count_request("delete_objects")
+            answer: dict[str, Any] = self._client.delete_objects(
+                Bucket=self._bucket,
+                Delete={"Objects": [{"Key": name} for name in batch], "Quiet": True},
+            )
+        return answer
 
     def _head(self, name: str) -> bool:
         with self._errors("head", name):
@@ -473,27 +652,40 @@ class S3Backend(StorageBackend):
             raise
 
     def _read_bytes(self, name: str) -> bytes | None:
+        """Return object ``name`` read in chunks (abandoned between chunks at the deadline)."""
+        call = _the_call()
         with self._errors("get", name):
             response = self._get_object(name)
             if response is None:
                 return None
             body = response["Body"]
             try:
-                data: bytes = body.read()
+                parts: list[bytes] = []
+                while True:
+                    if not call.live():
+                        raise _DeadlinePassed
+                    # Reading up to the empty chunk makes botocore check length and checksum.
+                    chunk = body.read(_CHUNK)
+                    if not chunk:
+                        break
+                    parts.append(chunk)
             finally:
                 body.close()
+        data = b"".join(parts)
         self._add("bytes_read", len(data))
         return data
 
     def _load_page(self, name: str, views: list[memoryview]) -> bool:
-        return self._load(name, views, strict=False)
+        return self._load(name, views, False)
 
-    def _load(self, name: str, views: list[memoryview], *, strict: bool) -> bool:
+    def _load(self, name: str, views: list[memoryview], strict: bool) -> bool:
         """Fill ``views`` (back to back) with object ``name``; return False on a miss.
 
         A size mismatch leaves ``views`` untouched: with ``strict`` it raises
-        ``BufferSizeError``, else it is a miss.
+        ``BufferSizeError``, else it is a miss. Bytes reach ``views`` only through
+        :func:`_fill`, which copies under the call's lock while the call is not cancelled.
         """
+        call = _the_call()
         size = sum(view.nbytes for view in views)
         with self._errors("get", name):
             response = self._get_object(name)
@@ -510,7 +702,7 @@ class S3Backend(StorageBackend):
                         )
                     return False
                 for view in views:
-                    _fill(body, view)
+                    _fill(body, view, call)
                 # Reading past the end makes botocore check the length and the checksum.
                 if body.readinto(bytearray(1)) != 0:
                     raise IncompleteReadError(actual_bytes=length + 1, expected_bytes=length)
@@ -519,7 +711,7 @@ class S3Backend(StorageBackend):
         self._add("bytes_read", size)
         return True
 
-    def _store(self, name: str, body: bytes | bytearray) -> bool:
+    def _store(self, name: str, body: bytes) -> bool:
         """Write ``body`` as object ``name`` unless it exists; return True once it holds one."""
         with self._errors("set", name):
             if self._conditional:
@@ -534,7 +726,7 @@ class S3Backend(StorageBackend):
         self._add("bytes_written", len(body))
         return True
 
-    def _put_if_absent(self, name: str, body: bytes | bytearray) -> bool | None:
+    def _put_if_absent(self, name: str, body: bytes) -> bool | None:
         """Put with ``If-None-Match: *``; None when the store turned out not to support it."""
         conflicts = 0
         while True:
@@ -575,6 +767,7 @@ class S3Backend(StorageBackend):
             self._count_request("head_bucket")
             self._client.head_bucket(Bucket=self._bucket)
         except ClientError as exc:
+            self._scrub(exc)
             code, status = _code(exc)
             if status == 404 and self.config.create_bucket:
                 with self._errors("create_bucket", ""):
@@ -619,35 +812,114 @@ class S3Backend(StorageBackend):
             self._client.head_bucket(Bucket=self._bucket)
         logger.info("created bucket %r at %s", self._bucket, self._endpoint)
 
-    # -- concurrency ----------------------------------------------------------------------------
+    # -- concurrency and the deadline ---------------------------------------------------------
 
-    def _submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
+    def _new_call(self) -> _Call:
+        return _Call(time.monotonic() + self._deadline_s)
+
+    def _job(self, call: _Call, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        """Run ``fn(*args)`` on a worker thread on behalf of ``call`` (nothing once it is over)."""
+        if not call.live():
+            raise _DeadlinePassed
+        _current.call = call
         try:
-            return self._pool.submit(fn, *args)
+            return fn(*args)
+        finally:
+            _current.call = None
+
+    def _submit(
+        self, call: _Call, fn: Callable[..., T], args: tuple[Any, ...]
+    ) -> concurrent.futures.Future[T]:
+        try:
+            return self._pool.submit(self._job, call, fn, args)
         except RuntimeError:  # the pool was shut down by close() in another thread
             raise BackendClosedError(f"backend {self.name!r} is closed; create a new one") from None
 
-    def _map(self, fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]]) -> list[T]:
+    def _run_one(self, op: str, name: str, fn: Callable[..., T], *args: Any) -> T:
+        """Run one request on the pool; its answer, or ``BackendTimeoutError`` at the deadline."""
+        return self._run(op, [name], fn, [args])[0]
+
+    def _map(self, op: str, fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]]) -> list[T]:
+        """Run ``fn(*job)`` for every job (``job[0]`` names the object) within one deadline."""
+        return self._run(op, [str(job[0]) for job in jobs], fn, jobs)
+
+    def _run(
+        self, op: str, names: Sequence[str], fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]]
+    ) -> list[T]:
         """Run ``fn(*job)`` for every job on the pool; results in order, first error raised.
 
-        On the first error, jobs not started are cancelled and those running are waited for
-        (they may be writing into the caller's buffers), then that error is raised.
+        The caller waits until every job is done, the first error (raised, in key order among
+        those done) or the deadline (``BackendTimeoutError``). Returning early cancels the
+        call first: jobs not started are dropped, and those running never write into the
+        caller's buffers again (see :func:`_fill`).
         """
-        if len(jobs) <= 1:
-            return [fn(*job) for job in jobs]
-        futures = [self._submit(fn, *job) for job in jobs]
-        _, pending = concurrent.futures.wait(
-            futures, return_when=concurrent.futures.FIRST_EXCEPTION
+        if not jobs:
+            return []
+        call = self._new_call()
+        futures = [self._submit(call, fn, job) for job in jobs]
+        try:
+            _, pending = concurrent.futures.wait(
+                futures,
+                timeout=max(0.0, call.remaining()),
+                return_when=concurrent.futures.FIRST_EXCEPTION,
+            )
+            for index, future in enumerate(futures):
+                if future.done() and not future.cancelled() and future.exception() is not None:
+                    self._result(future, op, names[index], len(jobs))
+            if pending:
+                index = futures.index(next(f for f in futures if not f.done()))
+                raise self._expired(op, names[index], len(jobs))
+            return [future.result() for future in futures]
+        finally:
+            if not all(future.done() for future in futures):
+                call.cancel()
+                for future in futures:
+                    future.cancel()
+
+    def _result(self, future: concurrent.futures.Future[T], op: str, name: str, count: int) -> T:
+        """Return a finished job's result; a job that found its call over reads as the deadline."""
+        try:
+            return future.result()
+        except _DeadlinePassed:
+            raise self._expired(op, name, count) from None
+
+    def _expired(self, op: str, name: str, count: int) -> BackendTimeoutError:
+        what = f"s3 {op} of {self._where(name)}" + (f" (and {count - 1} more)" if count > 1 else "")
+        self._count_error("DeadlineExceeded")
+        return BackendTimeoutError(
+            self._redact(f"{what}: no answer within deadline_s={self._deadline_s:g} s")
         )
-        if pending:
-            for future in pending:
-                future.cancel()
-            concurrent.futures.wait(pending)
-            for future in futures:
-                error = None if future.cancelled() else future.exception()
-                if error is not None:
-                    raise error
-        return [future.result() for future in futures]
+
+    def _gate_send(self, **kwargs: Any) -> None:
+        """Send nothing for a call that is over (botocore's ``before-send`` event)."""
+        call: _Call | None = getattr(_current, "call", None)
+        if call is not None and not call.live():
+            raise _DeadlinePassed
+
+    def _gate_retry(self, attempts: int = 1, response: Any = None, **kwargs: Any) -> bool | None:
+        """Refuse a retry that cannot fit before the call's deadline (``needs-retry`` event).
+
+        Returning False stops botocore's retries; None leaves the decision (and the backoff)
+        to botocore's retry handler. The longest backoff botocore may then choose is assumed:
+        up to ``2**i`` s (at most 20, plus up to 5 for ``x-amz-retry-after``) after an error
+        response or in legacy mode, ``0.05 * 2**i`` s after a connection error.
+        """
+        call: _Call | None = getattr(_current, "call", None)
+        if call is None:
+            return None
+        if not call.live():
+            return False
+        step = float(1 << min(max(attempts - 1, 0), 10))
+        if response is not None or self.config.retry_mode == "legacy":
+            backoff = min(_THROTTLING_BACKOFF_S * step, _MAX_BACKOFF_S)
+            headers = getattr(response[0], "headers", None) if response is not None else None
+            if headers is not None and "x-amz-retry-after" in headers:
+                backoff += _RETRY_AFTER_EXTRA_S
+        else:
+            backoff = min(_NON_THROTTLING_BACKOFF_S * step, _MAX_BACKOFF_S)
+        if call.remaining() < backoff + _MIN_ATTEMPT_S:
+            return False
+        return None
 
     # -- errors and counters --------------------------------------------------------------------
 
@@ -663,14 +935,19 @@ class S3Backend(StorageBackend):
         """Translate botocore and socket failures of one request into typed backend errors."""
         try:
             yield
-        except HiCacheError:
+        except (HiCacheError, _DeadlinePassed):
             raise
         except (ClientError, BotoCoreError, OSError) as exc:
             error = self._translate(op, name, exc)
             raise error from exc
 
     def _translate(self, op: str, name: str, exc: BaseException) -> BackendError:
-        """Return the typed error for a failed request (and count it by code)."""
+        """Return the typed error for a failed request (and count it by code).
+
+        ``exc`` and the exceptions chained to it are scrubbed of secrets first, as they stay
+        chained to the error returned.
+        """
+        self._scrub(exc)
         where = f"s3 {op} of {self._where(name)}"
         error: BackendError
         if isinstance(exc, ClientError):
@@ -713,8 +990,37 @@ class S3Backend(StorageBackend):
                 error = BackendUnavailableError(f"{where}: cannot reach the store ({code})")
             else:
                 error = BackendIOError(f"{where}: {code}")
-        self._count_error(code)
+        call: _Call | None = getattr(_current, "call", None)
+        if call is None or not call.cancelled:  # the caller counted its own deadline
+            self._count_error(code)
+        if self._secrets:
+            error.args = tuple(
+                self._redact(arg) if isinstance(arg, str) else arg for arg in error.args
+            )
         return error
+
+    def _redact(self, text: str) -> str:
+        """Mask the resolved AWS secrets and any URL password in ``text``."""
+        return redact_text(text, self._secrets)
+
+    def _scrub(self, exc: BaseException) -> None:
+        """Mask secrets in the messages of ``exc`` and its chain (a store may echo them)."""
+        if not self._secrets:
+            return
+        seen: set[int] = set()
+        current: BaseException | None = exc
+        while current is not None and id(current) not in seen:
+            seen.add(id(current))
+            if any(isinstance(arg, str) and self._redact(arg) != arg for arg in current.args):
+                current.args = tuple(
+                    self._redact(arg) if isinstance(arg, str) else arg for arg in current.args
+                )
+            details = current.response.get("Error") if isinstance(current, ClientError) else None
+            if isinstance(details, dict):
+                for field, value in details.items():
+                    if isinstance(value, str):
+                        details[field] = self._redact(value)
+            current = current.__cause__ or current.__context__
 
     def _count_request(self, op: str) -> None:
         with self._lock:
@@ -729,18 +1035,46 @@ class S3Backend(StorageBackend):
             self._counts[counter] += amount
 
 
-def _fill(body: Any, view: memoryview) -> None:
-    """Read exactly ``view.nbytes`` bytes of ``body`` into ``view``, in chunks.
+def _the_call() -> _Call:
+    """Return the call the running worker serves; outside a job, one that never ends."""
+    call: _Call | None = getattr(_current, "call", None)
+    return call if call is not None else _Call(float("inf"))
+
+
+def _chunk_buffer() -> memoryview:
+    """Return this thread's private chunk buffer (allocated on first use)."""
+    chunk: memoryview | None = getattr(_scratch, "chunk", None)
+    if chunk is None:
+        chunk = _scratch.chunk = memoryview(bytearray(_CHUNK))
+    return chunk
+
+
+def _fill(body: Any, view: memoryview, call: _Call) -> None:
+    """Read exactly ``view.nbytes`` bytes of ``body`` into ``view``, chunk by chunk.
+
+    Each chunk is read into this thread's private buffer, then copied into ``view`` under the
+    call's lock, only while the call is not cancelled: once the caller gave up, nothing more
+    reaches ``view``, however late the store answers. The stream is abandoned between chunks
+    once the call is over.
 
     Raises
     ------
     IncompleteReadError
         If the stream ends first (botocore raises it itself when it sees the end).
+    _DeadlinePassed
+        If the call is over.
     """
+    scratch = _chunk_buffer()
     got = 0
     total = view.nbytes
     while got < total:
-        n = body.readinto(view[got : min(total, got + _CHUNK)])
+        if not call.live():
+            raise _DeadlinePassed
+        n = body.readinto(scratch[: min(_CHUNK, total - got)])
         if not n:
             raise IncompleteReadError(actual_bytes=got, expected_bytes=total)
+        with call.lock:
+            if call.cancelled:
+                raise _DeadlinePassed
+            view[got : got + n] = scratch[:n]
         got += n

@@ -7,11 +7,14 @@ instance metadata), so they never sit in a config file, a report or a log line.
 
 from __future__ import annotations
 
-import math
 import re
+import urllib.parse
 from typing import Literal
 
 import msgspec
+
+from hicache_storage.options import check_count, check_port, check_seconds
+from hicache_storage.redact import redact_url
 
 __all__ = ["MAX_OBJECT_KEY_BYTES", "HASHED_NAME_BYTES", "S3Config"]
 
@@ -32,18 +35,33 @@ def _check_bool(name: str, value: object) -> None:
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
-def _check_seconds(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    if math.isnan(value) or not 0 < value <= 3600:
-        raise ValueError(f"{name} must be within (0, 3600] seconds, got {value}")
+def _check_endpoint(url: object) -> None:
+    """Refuse an endpoint that is not ``http(s)://host[:port][/path]`` with a port in 1..65535.
 
-
-def _check_count(name: str, value: object, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be within [{low}, {high}], got {value}")
+    The URL must not carry ``user:password@``: S3 credentials come from the AWS chain, and a
+    password there would be echoed wherever the endpoint is named (the message masks it).
+    """
+    if not isinstance(url, str):
+        raise TypeError(f"endpoint_url must be a string or null, got {type(url).__name__}")
+    shown = redact_url(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise ValueError(
+            f"endpoint_url must be http(s)://host[:port] with a port in 1..65535, got {shown!r}"
+        ) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"endpoint_url must be http(s)://host[:port], got {shown!r}")
+    if url != url.strip() or any(c.isspace() for c in url):
+        raise ValueError(f"endpoint_url must not contain whitespace, got {shown!r}")
+    if "@" in parts.netloc:
+        raise ValueError(
+            f"endpoint_url must not carry user or password (S3 credentials come from the AWS "
+            f"chain), got {shown!r}"
+        )
+    if port is not None or parts.netloc.endswith(":"):
+        check_port("endpoint_url port", port)
 
 
 class S3Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -55,7 +73,9 @@ class S3Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         The bucket holding the objects.
     prefix
         Namespace inside the bucket: every object is ``<prefix><key>``. Empty, or path segments
-        each ending in ``/`` (``"kvcache/llama-70b/"``). ``clear()`` removes only this
+        separated by ``/`` (``"kvcache/llama-70b"``); a ``/`` is added at the end when missing
+        (``"tok"`` is the namespace ``"tok/"``), so the prefix always ends in a character no key
+        contains and ``tok`` and ``tokx`` never share an object. ``clear()`` removes only this
         namespace's objects, never those of a deeper or sibling prefix.
     endpoint_url
         ``http(s)://host:port`` of an S3-compatible store; ``None`` for AWS S3 itself.
@@ -69,17 +89,25 @@ class S3Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         Named profile of the shared AWS config and credentials files; ``None`` uses the default
         chain.
     max_concurrency
-        Requests in flight at once for the batch calls (worker threads of the pool); the HTTP
-        connection pool holds twice as many, for callers' own single-key calls too.
+        Requests in flight at once (worker threads of the pool every call runs on); the HTTP
+        connection pool holds twice as many, so requests abandoned at a deadline do not starve
+        the next calls of connections.
+    deadline_s
+        Longest any call takes, whatever the store does (down, hung with its sockets open,
+        trickling bytes): the caller gets its answer or ``BackendTimeoutError`` by then, retries
+        and backoff included, and no request of the call writes into the caller's buffers
+        afterwards. Batch calls share one deadline.
     connect_timeout_s
-        Longest wait for a TCP (and TLS) connection.
+        Longest wait for a TCP (and TLS) connection, per attempt (at most ``deadline_s``).
     read_timeout_s
-        Longest wait for any bytes of a response once connected.
+        Longest wait for any bytes of a response once connected, per attempt (at most
+        ``deadline_s``).
     retry_mode
         botocore retry mode: ``"standard"``, ``"adaptive"`` (adds client-side rate limiting
         after throttling) or ``"legacy"``.
     max_attempts
-        Attempts per request, the first included (1 means no retry).
+        Attempts per request, the first included (1 means no retry); a retry is made only when
+        its backoff and a useful attempt still fit before the call's deadline.
     create_bucket
         Create the bucket when it does not exist; otherwise a missing bucket is a
         :class:`~hicache_storage.errors.ConfigError` when the backend opens.
@@ -106,8 +134,9 @@ class S3Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     addressing_style: Literal["auto", "path", "virtual"] = "auto"
     profile: str | None = None
     max_concurrency: int = 16
+    deadline_s: float = 10.0
     connect_timeout_s: float = 2.0
-    read_timeout_s: float = 10.0
+    read_timeout_s: float = 5.0
     retry_mode: Literal["standard", "adaptive", "legacy"] = "standard"
     max_attempts: int = 3
     create_bucket: bool = False
@@ -120,9 +149,13 @@ class S3Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ValueError(
                 f"bucket must be an S3 bucket name (3-255 of a-z 0-9 . - _), got {self.bucket!r}"
             )
-        if not isinstance(self.prefix, str) or _PREFIX.fullmatch(self.prefix) is None:
+        if not isinstance(self.prefix, str):
+            raise TypeError(f"prefix must be a string, got {type(self.prefix).__name__}")
+        if self.prefix and not self.prefix.endswith("/"):
+            msgspec.structs.force_setattr(self, "prefix", self.prefix + "/")
+        if _PREFIX.fullmatch(self.prefix) is None:
             raise ValueError(
-                f"prefix must be empty or segments of A-Z a-z 0-9 _ . - each ending in '/', "
+                f"prefix must be empty or segments of A-Z a-z 0-9 _ . - separated by '/', "
                 f"got {self.prefix!r}"
             )
         if ".." in self.prefix.split("/") or "." in self.prefix.split("/"):
@@ -132,32 +165,39 @@ class S3Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                 f"prefix is {len(self.prefix)} bytes; at most "
                 f"{MAX_OBJECT_KEY_BYTES - HASHED_NAME_BYTES} leave room for object names"
             )
-        if self.endpoint_url is not None and (
-            not isinstance(self.endpoint_url, str)
-            or not self.endpoint_url.startswith(("http://", "https://"))
-        ):
-            raise ValueError(
-                f"endpoint_url must start with http:// or https://, got {self.endpoint_url!r}"
-            )
+        if self.endpoint_url is not None:
+            _check_endpoint(self.endpoint_url)
         for name in ("region", "profile"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"{name} must be a non-empty string or null, got {value!r}")
-        _check_count("max_concurrency", self.max_concurrency, 1, 1024)
-        _check_count("max_attempts", self.max_attempts, 1, 20)
-        _check_seconds("connect_timeout_s", self.connect_timeout_s)
-        _check_seconds("read_timeout_s", self.read_timeout_s)
+        check_count("max_concurrency", self.max_concurrency, minimum=1, maximum=1024)
+        check_count("max_attempts", self.max_attempts, minimum=1, maximum=20)
+        check_seconds("deadline_s", self.deadline_s)
+        check_seconds("connect_timeout_s", self.connect_timeout_s)
+        check_seconds("read_timeout_s", self.read_timeout_s)
         for name in ("create_bucket", "verify_bucket", "conditional_put"):
             _check_bool(name, getattr(self, name))
 
-    def worst_call_s(self) -> float:
-        """Return the longest one request may take when the endpoint is down or stalls.
+    @property
+    def attempt_connect_timeout_s(self) -> float:
+        """The connect timeout of one attempt: ``connect_timeout_s``, at most ``deadline_s``."""
+        return min(self.connect_timeout_s, self.deadline_s)
 
-        Every attempt may wait the connect timeout and then the read timeout; between
-        attempts botocore sleeps at most ``0.05 * 2**i`` seconds after a connection error.
-        A batch call stops at its first infrastructure error, so it is bounded by about the
-        same time.
+    @property
+    def attempt_read_timeout_s(self) -> float:
+        """The read timeout of one attempt: ``read_timeout_s``, at most ``deadline_s``."""
+        return min(self.read_timeout_s, self.deadline_s)
+
+    def worst_call_s(self) -> float:
+        """Return the longest one call may take, whatever the store does: ``deadline_s``.
+
+        A call against a store that is down or hangs may end sooner: each attempt waits at most
+        the connect and then the read timeout, and botocore sleeps at most ``0.05 * 2**i``
+        seconds between attempts after a connection error. The smaller of the two bounds is
+        returned.
         """
         attempts = self.max_attempts
         backoff = sum(_NON_THROTTLING_BACKOFF_S * float(1 << i) for i in range(attempts - 1))
-        return attempts * (self.connect_timeout_s + self.read_timeout_s) + backoff
+        per_attempt = self.attempt_connect_timeout_s + self.attempt_read_timeout_s
+        return min(self.deadline_s, attempts * per_attempt + backoff)

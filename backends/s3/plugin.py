@@ -22,6 +22,7 @@ SPEC = BackendSpec(
     ),
     baseline="hicache_storage.backends.s3.baseline:RawBoto3Baseline",
     description="one object per key in an S3 (or S3-compatible) bucket, under a prefix",
+    namespace_option="prefix",
 )
 
 

@@ -36,6 +36,14 @@ def s3_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServic
 
 
 @pytest.fixture
+def test_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gateway's throwaway credentials in the environment, for tests that run without it."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", provision.TEST_ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", provision.TEST_SECRET_KEY)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.fixture
 def s3_options(s3_service: LocalService, request: pytest.FixtureRequest) -> dict[str, Any]:
     """The service's options under a prefix private to this test."""
     service = s3_service

@@ -24,6 +24,7 @@ from hicache_storage.backends.s3.backend import make_client
 from hicache_storage.conformance.provision import LocalService, free_port
 from hicache_storage.errors import (
     BackendIOError,
+    BackendTimeoutError,
     BackendUnavailableError,
     BufferSizeError,
     ConfigError,
@@ -56,7 +57,7 @@ def object_names(options: dict[str, Any], prefix: str) -> set[str]:
     ("override", "field"),
     [
         ({"bucket": "Bad_Bucket!"}, "bucket"),
-        ({"prefix": "no-slash"}, "prefix"),
+        ({"prefix": "two//slashes"}, "prefix"),
         ({"prefix": "/abs/"}, "prefix"),
         ({"prefix": "a/../b/"}, "prefix"),
         ({"endpoint_url": "127.0.0.1:9000"}, "endpoint_url"),
@@ -84,6 +85,8 @@ def test_config_prefix_too_long_refused() -> None:
 def test_worst_call_bound_counts_attempts_and_backoff() -> None:
     config = S3Config(bucket="bkt", connect_timeout_s=1, read_timeout_s=2, max_attempts=3)
     assert config.worst_call_s() == pytest.approx(3 * 3 + 0.05 + 0.1)
+    # The deadline caps it, however many attempts the timeouts would allow.
+    assert S3Config(bucket="bkt", max_attempts=20, deadline_s=4).worst_call_s() == 4
 
 
 def test_weed_missing_names_pip_package(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -170,11 +173,32 @@ def test_hung_endpoint_miss_within_read_timeout(s3_options: dict[str, Any]) -> N
         options = {**s3_options, **FAST, "endpoint_url": f"http://127.0.0.1:{port}"}
         bound = S3Config(**options).worst_call_s() + SLACK_S
         with create_backend("s3", {**options, "verify_bucket": False}) as backend:
-            start = time.monotonic()
-            assert backend.batch_get([f"k{i}" for i in range(8)], [bytearray(4)] * 8) == [False] * 8
-            assert backend.get("k1") is None
-            assert time.monotonic() - start <= 2 * bound
+            for call, miss in [
+                (
+                    lambda: backend.batch_get([f"k{i}" for i in range(32)], [bytearray(4)] * 32),
+                    [False] * 32,
+                ),
+                (lambda: backend.get("k1"), None),
+            ]:
+                start = time.monotonic()
+                assert call() == miss
+                assert time.monotonic() - start <= bound
             assert "BackendTimeoutError" in str(backend.stats()["degraded"]["errors"])
+
+
+def test_hung_endpoint_open_fails_within_deadline(s3_options: dict[str, Any]) -> None:
+    with silent_server() as port:
+        options = {
+            **s3_options,
+            "endpoint_url": f"http://127.0.0.1:{port}",
+            "deadline_s": 1.0,
+            "read_timeout_s": 30.0,
+            "max_attempts": 5,
+        }
+        start = time.monotonic()
+        with pytest.raises(BackendTimeoutError):
+            create_backend("s3", options)
+        assert time.monotonic() - start <= 1.0 + SLACK_S
 
 
 # -- behaviour against the real server ----------------------------------------------------------
