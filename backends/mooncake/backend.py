@@ -1,8 +1,17 @@
 """The Mooncake store backend: KV pages in a Mooncake distributed store, moved zero-copy.
 
 Keys
-    ``<prefix><key>``; ``clear()`` removes exactly the keys under a non-empty prefix
-    (``remove_by_regex`` on the escaped prefix).
+    ``<prefix>/<key>`` (``<key>`` alone with no prefix). Keys never contain '/', and a prefix is
+    segments of the key alphabet joined by '/', so each stored name belongs to exactly one
+    namespace; ``clear()`` removes the names ``<prefix>/<rest>`` whose ``<rest>`` has no '/'
+    (with no prefix: the names without '/').
+
+Deadlines
+    Every call gets ``deadline_s``. The client library's own timeouts are derived from it (see
+    :mod:`.client`), so each store request returns by itself, after the transfers it started
+    have ended; a call starts a request only while its deadline leaves room for that request's
+    worst case, and items it could not start are misses (``False`` for writes). After a request
+    finds the master unreachable, calls fail at once until a background probe reaches it again.
 
 Zero-copy (``batch_set_v1`` / ``batch_get_v1``)
     The host pool's whole tensor is registered with the store once, by
@@ -21,21 +30,23 @@ Copying calls (``get`` / ``set`` / ``batch_*``)
     buffer gets a temporary registered buffer of its own.
 
 Return codes
-    ``OBJECT_NOT_FOUND`` is a miss. Codes that mean the master did not answer (``RPC_FAIL``)
-    raise :class:`~hicache_storage.errors.BackendUnavailableError` when no key got an answer,
-    and later calls fail fast while the master's port stays closed. Every other negative code
-    is a miss or ``False`` for its key, counted by name in ``stats()["errors"]``.
+    ``OBJECT_NOT_FOUND`` is a miss. Codes that mean the master did not answer (``RPC_FAIL``,
+    ``RPC_TIMEOUT``) raise :class:`~hicache_storage.errors.BackendUnavailableError` when no key
+    got an answer. Every other negative code is a miss or ``False`` for its key, counted by name
+    in ``stats()["errors"]``.
 
 Semantics
     A duplicate ``put`` keeps the first value (first writer wins). Objects live in the segments
     mounted by processes that contribute one (``global_segment_size > 0``) and are dropped when
     that process's client closes; run long-lived segment holders (``mooncake_client``) for data
-    that must outlive the writers.
+    that must outlive the writers. Only a pure client (``global_segment_size=0``, the default)
+    claims ``persistent`` and ``shared``.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -50,32 +61,72 @@ from hicache_storage.config import Deployment
 from hicache_storage.errors import (
     BackendClosedError,
     BackendIOError,
+    BackendTimeoutError,
     BufferSizeError,
     IndexAlignmentError,
-    UnsupportedOperationError,
+    InvalidKeyError,
 )
 
-from .client import NOT_FOUND, SharedClient, acquire, code_name
-from .config import MooncakeConfig
+from .client import (
+    NO_SPACE,
+    NOT_FOUND,
+    RPC_FAIL,
+    SKIPPED,
+    UNCONFIRMED,
+    UNREACHABLE,
+    Deadline,
+    Request,
+    SharedClient,
+    acquire,
+    code_name,
+)
+from .config import MooncakeConfig, MooncakeSettings
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MooncakeBackend", "escape_prefix", "unique_rounds"]
+__all__ = ["MooncakeBackend", "capabilities_for", "clear_pattern", "unique_rounds"]
 
 T = TypeVar("T")
 
 _STORED = (0, -705)
 """``put`` answers meaning the key holds a complete value (new, or already there)."""
+_EXISTS = -705
 _NOT_READY = -703
 _INVALID_PARAMS = -600
 _TRANSFER_FAIL = -800
 _REGEX_SPECIAL = frozenset(".^$|?*+()[]{}\\")
 
 
-def escape_prefix(prefix: str) -> str:
-    """Return a regex matching every key that starts with ``prefix`` (and nothing else)."""
-    return "^" + "".join(f"\\{c}" if c in _REGEX_SPECIAL else c for c in prefix)
+def clear_pattern(prefix: str) -> str:
+    """Return the regex (ECMAScript, searched) of the names in the namespace ``prefix``.
+
+    ``prefix`` is normalized (no trailing '/'). The names are ``<prefix>/<key>`` with no '/' in
+    ``<key>``, or, for the empty prefix, the names without '/': never a longer prefix's names
+    (``ten2/k``, ``ten/sub/k``).
+    """
+    if not prefix:
+        return "^[^/]+$"
+    escaped = "".join(f"\\{c}" if c in _REGEX_SPECIAL else c for c in prefix)
+    return f"^{escaped}/[^/]+$"
+
+
+def capabilities_for(settings: MooncakeSettings) -> Capabilities:
+    """Return what an instance with ``settings`` can promise.
+
+    Objects may land in any mounted segment, this process's own included, and those die with
+    the process (a killed process's segment even keeps taking puts, which fail, until the master
+    expires it). So only a pure client (``global_segment_size=0``, the default) promises that
+    data outlives the writer (``persistent``) and reaches processes started later (``shared``).
+    """
+    pure_client = settings.global_segment_size == 0
+    return Capabilities(
+        persistent=pure_client,
+        shared=pure_client,
+        native_zero_copy=True,
+        delete=True,
+        crash_safe_writes=True,
+    )
 
 
 def unique_rounds(names: Sequence[str]) -> list[list[int]]:
@@ -131,19 +182,14 @@ class MooncakeBackend(StorageBackend):
         self.config = config
         self.deployment = deployment if deployment is not None else Deployment()
         self.settings = config.resolve()
-        self.capabilities = Capabilities(
-            persistent=True,
-            shared=True,
-            native_zero_copy=True,
-            delete=True,
-            crash_safe_writes=True,
-        )
+        self.capabilities = capabilities_for(self.settings)
         self._prefix = self.settings.prefix
         self._lock = threading.Lock()
         self._errors: Counter[str] = Counter()
         self._moved: Counter[str] = Counter()
         self._region: int | None = None
         self._client: SharedClient = acquire(self.settings)
+        self._timeouts = self._client.timeouts
 
     # -- bookkeeping ----------------------------------------------------------------------------
 
@@ -159,11 +205,58 @@ class MooncakeBackend(StorageBackend):
         if self._closed:
             raise BackendClosedError(f"backend {self.name!r} is closed; create a new one")
 
-    def _keys(self, keys: Sequence[str]) -> list[str]:
-        prefix = self._prefix
-        return [prefix + key for key in keys] if prefix else list(keys)
+    def _begin(self) -> Deadline:
+        """Check the instance is open and start the call's deadline."""
+        self._check_open()
+        return Deadline(self._timeouts.deadline_s)
 
-    def _hits(self, codes: Sequence[int], sizes: Sequence[int], keys: Sequence[str]) -> list[bool]:
+    def _keys(self, keys: Sequence[str]) -> list[str]:
+        """Return the stored names of ``keys``: ``<prefix>/<key>``, or ``<key>`` with no prefix.
+
+        Raises
+        ------
+        InvalidKeyError
+            If a key contains '/', which would let it name an object of another namespace (the
+            validation layer refuses such keys before they get here).
+        """
+        for key in keys:
+            if "/" in key:
+                raise InvalidKeyError(
+                    f"invalid key {key[:80]!r}: it contains '/', which separates namespaces"
+                )
+        prefix = self._prefix
+        return [f"{prefix}/{key}" for key in keys] if prefix else list(keys)
+
+    def _meta(self, deadline: Deadline, what: str, ask: Callable[[], int]) -> int:
+        """Run one metadata request (no caller memory involved) within the call's deadline.
+
+        Raises
+        ------
+        BackendTimeoutError
+            If the deadline leaves no room for it.
+        BackendUnavailableError
+            If the master is known to be down or does not answer.
+        """
+        if not deadline.allows(self._timeouts.cost("meta")):
+            self._count(code_name(SKIPPED))
+            raise BackendTimeoutError(
+                f"mooncake {what}: deadline_s={self._timeouts.deadline_s:g}s left no room"
+            )
+        client = self._client
+        with client.call(what, self._count):
+            code = int(ask())
+        if code == RPC_FAIL and deadline.allows(self._timeouts.cost("meta")):
+            with client.call(what, self._count):  # once: a connection the master reset
+                code = int(ask())
+        return client.check(code, what, self._count)
+
+    def _hits(
+        self,
+        codes: Sequence[int],
+        sizes: Sequence[int],
+        keys: Sequence[str],
+        deadline: Deadline,
+    ) -> list[bool]:
         """Turn ``batch_get_into*`` answers into hits, counting each failure by its reason."""
         hits = []
         unclear = []
@@ -181,9 +274,26 @@ class MooncakeBackend(StorageBackend):
             elif code != NOT_FOUND:
                 self._count(code_name(code))
         for key, size in unclear:  # smaller than the destination, or a failed transfer?
-            actual = self._client.store.get_size(key)
-            self._count("size_mismatch" if actual >= 0 and actual != size else "TRANSFER_FAIL")
+            self._count(
+                "size_mismatch" if self._size_differs(key, size, deadline) else "TRANSFER_FAIL"
+            )
         return hits
+
+    def _size_differs(self, name: str, size: int, deadline: Deadline) -> bool:
+        """Return whether the object ``name`` exists with a size other than ``size``.
+
+        Asked only for counting; never when the deadline or the breaker says not to.
+        """
+        client = self._client
+        if client.down or not deadline.allows(self._timeouts.cost("meta")):
+            return False
+        try:
+            actual = int(client.store.get_size(name))
+        except Exception:  # noqa: BLE001 - a count, not an answer to the caller
+            return False
+        if actual in UNREACHABLE:
+            client.mark_down(actual)
+        return actual >= 0 and actual != size
 
     def _stored(self, codes: Sequence[int]) -> list[bool]:
         results = []
@@ -191,7 +301,56 @@ class MooncakeBackend(StorageBackend):
             results.append(code in _STORED)
             if code not in _STORED:
                 self._count(code_name(code))
+                if code == NO_SPACE:
+                    self._client.note_no_space()
         return results
+
+    def _run_groups(
+        self,
+        groups: Sequence[Sequence[int]],
+        size: int,
+        request: Request,
+        deadline: Deadline,
+        run: Callable[[Sequence[int]], Sequence[int]],
+    ) -> list[int]:
+        """Run ``run(group)`` (one library request per group) while the deadline has room.
+
+        Returns one code per item: the request's answer, ``SKIPPED`` for a group the deadline
+        left no room for, and, once a group found the master unreachable, that code for every
+        later group (they are not sent). A group whose transfers failed only after waiting out
+        the transfer timeout (a segment peer that stopped answering) ends the call too: its
+        later groups are ``SKIPPED`` rather than each waiting again.
+
+        A group whose every key failed with ``RPC_FAIL`` is sent once more while the deadline
+        has room: the first request after a master restart fails on the connection the old
+        master closed, and the library does not retry. Such a request moved no byte (the
+        replica query or the put's start failed); a put sent again that finds the object
+        already there is ``UNCONFIRMED`` (not stored), as it may be the first attempt's.
+        """
+        codes = [SKIPPED] * size
+        cost = self._timeouts.cost(request)
+        failed: int | None = None
+        stalled = False
+        for group in groups:
+            if failed is not None:
+                for index in group:
+                    codes[index] = failed
+                continue
+            if stalled or not deadline.allows(cost):
+                continue
+            started = time.monotonic()
+            got = run(group)
+            if got and all(code == RPC_FAIL for code in got) and deadline.allows(cost):
+                got = run(group)
+                if request == "put":
+                    got = [UNCONFIRMED if code == _EXISTS else code for code in got]
+            for index, code in zip(group, got, strict=True):
+                codes[index] = code
+            failed = next((code for code in got if code in UNREACHABLE), None)
+            stalled = _TRANSFER_FAIL in got and (
+                time.monotonic() - started >= self._timeouts.transfer_s
+            )
+        return codes
 
     # -- the contract ---------------------------------------------------------------------------
 
@@ -204,12 +363,12 @@ class MooncakeBackend(StorageBackend):
             If ``out`` is not exactly the object's size (``out`` is left untouched).
         BackendUnavailableError
             If the master does not answer.
+        BackendTimeoutError
+            If the deadline passed before the value could be read.
         """
-        self._check_open()
-        client = self._client
+        deadline = self._begin()
         name = self._keys([key])[0]
-        with client.call("get_size", self._count):
-            size = client.check(client.store.get_size(name), "get_size", self._count)
+        size = self._meta(deadline, "get_size", lambda: self._client.store.get_size(name))
         if size < 0:
             if size not in (NOT_FOUND, _NOT_READY):
                 self._count(code_name(size))
@@ -221,18 +380,15 @@ class MooncakeBackend(StorageBackend):
                 f"output buffer has {view.nbytes} bytes but the object stored under {key!r} "
                 f"has {size}"
             )
-        if not self._staged_get([name], [view], single=True)[0]:
+        if not self._staged_get([name], [view], deadline)[0]:
             return None
         return value if value is not None else out
 
     def exists(self, key: str) -> bool:
         """Return whether ``key`` holds a complete value."""
-        self._check_open()
-        client = self._client
-        with client.call("is_exist", self._count):
-            code = client.check(
-                client.store.is_exist(self._keys([key])[0]), "is_exist", self._count
-            )
+        deadline = self._begin()
+        name = self._keys([key])[0]
+        code = self._meta(deadline, "is_exist", lambda: self._client.store.is_exist(name))
         if code < 0:
             self._count(code_name(code))
         return code == 1
@@ -243,31 +399,35 @@ class MooncakeBackend(StorageBackend):
         Returns False when the store refuses the value (empty, no space): the reason is
         counted in ``stats()``.
         """
-        self._check_open()
-        return self._staged_put(self._keys([key]), [as_readable(value)], single=True)[0]
+        deadline = self._begin()
+        return self._staged_put(self._keys([key]), [as_readable(value)], deadline)[0]
 
     def batch_get(self, keys: Sequence[str], outs: Sequence[Buffer]) -> list[bool]:
         """Read each key into its output buffer; an object of another size is a miss."""
-        self._check_open()
+        deadline = self._begin()
         views = [as_writable(out) for out in outs]
-        return self._staged_get(self._keys(keys), views, single=False)
+        return self._staged_get(self._keys(keys), views, deadline)
 
     def batch_set(self, keys: Sequence[str], values: Sequence[Buffer]) -> list[bool]:
         """Store each value under its key; return per key whether it now holds a value."""
-        self._check_open()
+        deadline = self._begin()
         views = [as_readable(value) for value in values]
-        return self._staged_put(self._keys(keys), views, single=False)
+        return self._staged_put(self._keys(keys), views, deadline)
 
     def batch_exists(self, keys: Sequence[str]) -> int:
         """Return the length of the leading run of keys that exist (one ``batch_is_exist``)."""
-        self._check_open()
+        self._check_open()  # one request, the first: always within the deadline
         if not keys:
             return 0
         client = self._client
-        with client.call("batch_is_exist", self._count):
-            codes = client.check_batch(
-                list(client.store.batch_is_exist(self._keys(keys))), "batch_is_exist", self._count
-            )
+        names = self._keys(keys)
+        codes: list[int] = []
+        for _ in range(2):  # once more after a connection the master reset (see _run_groups)
+            with client.call("batch_is_exist", self._count):
+                codes = [int(code) for code in client.store.batch_is_exist(names)]
+            if not codes or any(code != RPC_FAIL for code in codes):
+                break
+        client.check_batch(codes, "batch_is_exist", self._count)
         count = 0
         for code in codes:
             if code != 1:
@@ -315,11 +475,13 @@ class MooncakeBackend(StorageBackend):
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
         """Read each key's object straight into its page's buffers in the registered pool."""
-        self._check_open()
+        deadline = self._begin()
         if self._region is None:
             return super().batch_get_v1(keys, host_indices)
-        names, codes, sizes = self._move_pages("batch_get_into_multi_buffers", keys, host_indices)
-        hits = self._hits(codes, [sum(page) for page in sizes], names)
+        names, codes, sizes = self._move_pages(
+            "batch_get_into_multi_buffers", "get", keys, host_indices, deadline
+        )
+        hits = self._hits(codes, [sum(page) for page in sizes], names, deadline)
         self._tally("pages_read", sum(hits))
         return hits
 
@@ -327,16 +489,23 @@ class MooncakeBackend(StorageBackend):
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
         """Store each key's page straight from its buffers in the registered pool."""
-        self._check_open()
+        deadline = self._begin()
         if self._region is None:
             return super().batch_set_v1(keys, host_indices)
-        _, codes, _ = self._move_pages("batch_put_from_multi_buffers", keys, host_indices)
+        _, codes, _ = self._move_pages(
+            "batch_put_from_multi_buffers", "put", keys, host_indices, deadline
+        )
         stored = self._stored(codes)
         self._tally("pages_written", sum(stored))
         return stored
 
     def _move_pages(
-        self, op: str, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+        self,
+        op: str,
+        request: Request,
+        keys: Sequence[str],
+        host_indices: torch.Tensor | Sequence[int],
+        deadline: Deadline,
     ) -> tuple[list[str], list[int], list[list[int]]]:
         """Run the multi-buffer call ``op`` on each key's page buffers, in place.
 
@@ -345,14 +514,16 @@ class MooncakeBackend(StorageBackend):
         """
         ptrs, sizes = self._page_meta(keys, host_indices)
         names = self._keys(keys)
-        codes = [0] * len(names)
-        call = getattr(self._client.store, op)
-        for members in unique_rounds(names):
-            with self._client.call(op, self._count):
+        client = self._client
+        call = getattr(client.store, op)
+
+        def run(members: Sequence[int]) -> list[int]:
+            with client.call(op, self._count):
                 got = call(_pick(names, members), _pick(ptrs, members), _pick(sizes, members))
-            for index, code in zip(members, got, strict=True):
-                codes[index] = code
-        self._client.check_batch(codes, op, self._count)
+                return [int(code) for code in got]
+
+        codes = self._run_groups(unique_rounds(names), len(names), request, deadline, run)
+        client.check_batch(codes, op, self._count)
         return names, codes, sizes
 
     # -- the staging path -----------------------------------------------------------------------
@@ -380,31 +551,42 @@ class MooncakeBackend(StorageBackend):
         self,
         names: Sequence[str],
         views: Sequence[memoryview],
+        request: Request,
+        deadline: Deadline,
         move: Callable[[list[str], list[int], list[int], np.ndarray[Any, Any], int], list[int]],
     ) -> list[int]:
-        """Run ``move`` over chunks that fit the staging buffer; return per-item codes."""
+        """Run ``move`` over chunks that fit the staging buffer; return per-item codes.
+
+        The staging buffer is shared by the client's calls: waiting for it counts against the
+        deadline, and items it leaves no room for are ``SKIPPED``.
+        """
         client = self._client
-        codes = [_INVALID_PARAMS] * len(names)
         sizes = [view.nbytes for view in views]
         groups = [
             [members[i] for i in group]
             for members in unique_rounds(names)
             for group in self._chunks(_pick(sizes, members))
         ]
-        with client.staging_lock:
-            for group in groups:
-                group_sizes = [sizes[i] for i in group]
-                group_names = [names[i] for i in group]
-                if sum(group_sizes) > client.staging.nbytes:
-                    with client.temporary(group_sizes[0]) as (buffer, ptr):
-                        got = move(group_names, group, group_sizes, buffer, ptr)
-                else:
-                    got = move(group_names, group, group_sizes, client.staging, client.staging_ptr)
-                for index, code in zip(group, got, strict=True):
-                    codes[index] = code
-        return codes
 
-    def _staged_put(self, names: list[str], views: list[memoryview], *, single: bool) -> list[bool]:
+        def run(group: Sequence[int]) -> list[int]:
+            group_sizes = [sizes[i] for i in group]
+            group_names = [names[i] for i in group]
+            if sum(group_sizes) > client.staging.nbytes:
+                with client.temporary(group_sizes[0]) as (buffer, ptr):
+                    return move(group_names, list(group), group_sizes, buffer, ptr)
+            return move(group_names, list(group), group_sizes, client.staging, client.staging_ptr)
+
+        wait = deadline.left() - self._timeouts.cost(request)
+        if not groups or not client.staging_lock.acquire(timeout=max(wait, 0.0)):
+            return [SKIPPED] * len(names)
+        try:
+            return self._run_groups(groups, len(names), request, deadline, run)
+        finally:
+            client.staging_lock.release()
+
+    def _staged_put(
+        self, names: list[str], views: list[memoryview], deadline: Deadline
+    ) -> list[bool]:
         client = self._client
         present = [i for i, view in enumerate(views) if view.nbytes]
         if len(present) < len(views):
@@ -424,21 +606,21 @@ class MooncakeBackend(StorageBackend):
                 offsets.append(ptr + offset)
                 offset += size
             with client.call("batch_put_from", self._count):
-                return list(client.store.batch_put_from(group_names, offsets, group_sizes))
+                got = client.store.batch_put_from(group_names, offsets, group_sizes)
+                return [int(code) for code in got]
 
         chosen = [views[i] for i in present]
-        codes = self._staged([names[i] for i in present], chosen, put)
-        if single and codes:
-            client.check(codes[0], "put", self._count)
-        else:
-            client.check_batch(codes, "batch_put_from", self._count)
+        codes = self._staged([names[i] for i in present], chosen, "put", deadline, put)
+        client.check_batch(codes, "batch_put_from", self._count)
         stored = [False] * len(views)
         for index, ok in zip(present, self._stored(codes), strict=True):
             stored[index] = ok
         self._tally("bytes_staged", sum(view.nbytes for view in chosen))
         return stored
 
-    def _staged_get(self, names: list[str], views: list[memoryview], *, single: bool) -> list[bool]:
+    def _staged_get(
+        self, names: list[str], views: list[memoryview], deadline: Deadline
+    ) -> list[bool]:
         client = self._client
         present = [i for i, view in enumerate(views) if view.nbytes]
         chosen = [views[i] for i in present]
@@ -456,24 +638,24 @@ class MooncakeBackend(StorageBackend):
                 offsets.append(offset)
                 offset += size
             with client.call("batch_get_into_multi_buffers", self._count):
-                got = list(
-                    client.store.batch_get_into_multi_buffers(
+                got = [
+                    int(code)
+                    for code in client.store.batch_get_into_multi_buffers(
                         group_names, [[ptr + o] for o in offsets], [[s] for s in group_sizes]
                     )
-                )
+                ]
             for index, start, size, code in zip(group, offsets, group_sizes, got, strict=True):
                 if code == size:
                     dst = np.frombuffer(chosen[index], dtype=np.uint8)
                     dst[:] = buffer[start : start + size]
             return got
 
-        codes = self._staged([names[i] for i in present], chosen, get)
-        if single and codes:
-            client.check(codes[0], "get", self._count)
-        else:
-            client.check_batch(codes, "batch_get_into_multi_buffers", self._count)
+        codes = self._staged([names[i] for i in present], chosen, "get", deadline, get)
+        client.check_batch(codes, "batch_get_into_multi_buffers", self._count)
         hits = [False] * len(views)
-        answers = self._hits(codes, [view.nbytes for view in chosen], _pick(names, present))
+        answers = self._hits(
+            codes, [view.nbytes for view in chosen], _pick(names, present), deadline
+        )
         for index, hit in zip(present, answers, strict=True):
             hits[index] = hit
         self._tally("bytes_staged", sum(v.nbytes for v, h in zip(views, hits, strict=True) if h))
@@ -489,12 +671,9 @@ class MooncakeBackend(StorageBackend):
         BackendIOError
             If the store refused for another reason.
         """
-        self._check_open()
-        client = self._client
-        with client.call("remove", self._count):
-            code = client.check(
-                client.store.remove(self._keys([key])[0], True), "remove", self._count
-            )
+        deadline = self._begin()
+        name = self._keys([key])[0]
+        code = self._meta(deadline, "remove", lambda: self._client.store.remove(name, True))
         if code == 0:
             return True
         if code == NOT_FOUND:
@@ -503,26 +682,16 @@ class MooncakeBackend(StorageBackend):
         raise BackendIOError(f"mooncake remove of {key!r} failed with {code} ({code_name(code)})")
 
     def clear(self) -> None:
-        """Remove every key under this backend's prefix (other tenants' keys stay).
+        """Remove every key of this backend's namespace (other namespaces' keys stay).
 
-        Raises
-        ------
-        UnsupportedOperationError
-            If the prefix is empty: this instance cannot tell its keys from anyone else's.
+        The namespace is the names ``<prefix>/<key>`` (with no '/' in ``<key>``), or, with no
+        prefix, the names without '/'.
         """
-        self._check_open()
-        if not self._prefix:
-            raise UnsupportedOperationError(
-                "the mooncake backend clears only the keys under its prefix; set the 'prefix' "
-                "option to use clear()"
-            )
-        client = self._client
-        with client.call("remove_by_regex", self._count):
-            code = client.check(
-                client.store.remove_by_regex(escape_prefix(self._prefix), True),
-                "remove_by_regex",
-                self._count,
-            )
+        deadline = self._begin()
+        pattern = clear_pattern(self._prefix)
+        code = self._meta(
+            deadline, "remove_by_regex", lambda: self._client.store.remove_by_regex(pattern, True)
+        )
         if code < 0:
             self._count(code_name(code))
             raise BackendIOError(f"mooncake remove_by_regex failed with {code} ({code_name(code)})")
@@ -537,6 +706,10 @@ class MooncakeBackend(StorageBackend):
             master=self.settings.master,
             protocol=self.settings.protocol,
             prefix=self._prefix,
+            deadline_s=self._timeouts.deadline_s,
+            rpc_timeout_s=self._timeouts.rpc_s,
+            transfer_timeout_s=self._timeouts.transfer_s,
+            master_down=self._client.down,
             zero_copy=self._region is not None,
             registered_bytes=self._client.registered_bytes(),
             pages_written=moved.get("pages_written", 0),

@@ -68,7 +68,8 @@ class RawMooncakeBaseline:
             self.scratch = np.zeros(0, dtype=np.uint8)
 
     def _names(self, names: Sequence[str]) -> list[str]:
-        return [self.prefix + name for name in names]
+        prefix = self.prefix  # normalized: the backend's name is <prefix>/<key>
+        return [f"{prefix}/{name}" for name in names] if prefix else list(names)
 
     def batch_write(self, names: Sequence[str], values: Sequence[memoryview]) -> None:
         """Copy the values into the scratch buffer and store them with one ``batch_put_from``."""

@@ -8,21 +8,36 @@ at exit) closes them.
 
 Also here, the one place Mooncake's answers become typed errors: the return-code table, the TCP
 probe of the master that runs before ``setup`` (with no master answering, ``setup`` blocks about
-90 seconds) and, once a call has failed with an RPC error, before every call until the master
-answers again, so an outage costs one client RPC timeout (about 4 s) and then fails fast.
+90 seconds), and the circuit breaker. Once a request finds the master unreachable, a background
+thread probes it (a TCP connect, then ``is_exist``) until it answers again. Meanwhile a call fails
+at once while the master is known to be silent (its port accepts but it does not answer: a
+paused or hung master) or its port refuses connections; when the port accepts again and the
+master was not known to be silent, the call asks it (a restarted master is used at once), and
+any answer closes the breaker. So an outage costs one call one RPC timeout, and the others
+nothing.
+
+Deadlines. ``deadline_s`` is split (:class:`Timeouts`) into what the client library can be told:
+the master RPC and connect timeouts (``MC_RPC_TIMEOUT_MS``, ``MC_RPC_CONNECT_TIMEOUT_MS``, read
+once when a client is set up) and the TCP transfer timeouts (``MC_TCP_STATUS_TIMEOUT_SEC``,
+``MC_TCP_PROGRESS_TIMEOUT_SEC``, whole seconds, read at every transfer, so they stay set for the
+life of the process). Every request therefore returns by itself, and only after the transfers it
+started have ended: nothing is abandoned while it could still write into a caller's buffer or a
+registered host-pool page. A call starts a request only while what is left of its
+:class:`Deadline` covers that request's worst case (:meth:`Timeouts.cost`).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -30,19 +45,29 @@ import numpy.typing as npt
 from hicache_storage.errors import (
     BackendError,
     BackendIOError,
+    BackendTimeoutError,
     BackendUnavailableError,
     MissingDependencyError,
 )
+from hicache_storage.redact import redact_url
 
 from .config import MooncakeSettings
 
 __all__ = [
     "CODES",
     "NOT_FOUND",
+    "NO_SPACE",
+    "RPC_FAIL",
+    "SKIPPED",
+    "UNCONFIRMED",
+    "UNREACHABLE",
+    "Deadline",
     "SharedClient",
+    "Timeouts",
     "acquire",
     "close_clients",
     "code_name",
+    "library_timeouts",
     "probe",
 ]
 
@@ -52,6 +77,18 @@ Count = Callable[..., None]
 """``count(reason)`` or ``count(reason, n)``: where a caller tallies failures by reason."""
 
 NOT_FOUND = -704
+NO_SPACE = -200
+SKIPPED = -20000
+"""Not Mooncake's: a request this backend did not start because its call's deadline left too
+little time for it (counted as ``deadline_exceeded``)."""
+
+UNCONFIRMED = -20001
+"""Not Mooncake's: a put sent again after its first attempt failed at the connection, answered
+``OBJECT_ALREADY_EXISTS``; the object may be the first attempt's, never completed, so the put
+counts as not stored."""
+
+RPC_FAIL = -900
+
 CODES: dict[int, str] = {
     -1: "INTERNAL_ERROR",
     -10: "BUFFER_OVERFLOW",
@@ -76,9 +113,130 @@ CODES: dict[int, str] = {
     -900: "RPC_FAIL",
     -901: "RPC_TIMEOUT",
     -1010: "UNAVAILABLE_IN_CURRENT_STATUS",
+    SKIPPED: "deadline_exceeded",
+    UNCONFIRMED: "put_unconfirmed",
 }
-_UNREACHABLE = frozenset({-900, -901, -1010})
+UNREACHABLE = frozenset({-900, -901, -1010})
 """Codes meaning the master could not be asked: the outage path, not an answer about a key."""
+
+_SILENT = -901
+"""``RPC_TIMEOUT``: the master took the request and did not answer (paused, hung, overloaded)."""
+
+_PROBE_KEY = "hicache-mooncake-probe"
+"""What the breaker's probe asks the master about (never stored)."""
+
+_PROBE_INTERVAL_S = 0.2
+
+_SETUP_ENV = ("MC_RPC_TIMEOUT_MS", "MC_RPC_CONNECT_TIMEOUT_MS", "MC_STORE_CLIENT_SETUP_RETRIES")
+"""Read only during ``setup``: the master client's RPC and connect timeouts (kept for its
+life), and how many times ``setup`` retries building the client (20 by default, each waiting
+on the master)."""
+
+_SETUP_PAUSE_S = 0.1
+"""What ``setup`` sleeps between its retries."""
+
+_TRANSFER_ENV = ("MC_TCP_STATUS_TIMEOUT_SEC", "MC_TCP_PROGRESS_TIMEOUT_SEC")
+"""Read at every TCP transfer, so they must stay set for the life of the process."""
+
+_ENV_LOCK = threading.Lock()
+
+Request = Literal["meta", "get", "put"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Timeouts:
+    """How one per-call deadline is shared out among the client library's timeouts.
+
+    ``transfer_s`` (the TCP transport's status-frame and no-progress timeouts) counts whole
+    seconds: a fifth of the deadline, at least 1. ``rpc_s`` (each master RPC, and each connect
+    to the master) is a quarter of the rest. The worst cases of one library request
+    (:meth:`cost`) then fit in the deadline: a put waits on up to three RPCs (start, end,
+    revoke) and a transfer, a get on one RPC (the replica query) and a transfer, a metadata
+    query on one RPC.
+    """
+
+    deadline_s: float
+    rpc_s: float
+    transfer_s: int
+
+    @classmethod
+    def split(cls, deadline_s: float) -> Timeouts:
+        """Share ``deadline_s`` out (it must be at least 2 seconds)."""
+        transfer = max(1, int(deadline_s // 5))
+        return cls(deadline_s=deadline_s, rpc_s=(deadline_s - transfer) / 4, transfer_s=transfer)
+
+    @property
+    def setup_retries(self) -> int:
+        """How many client builds ``setup`` may try: as many as fit the deadline, at least 2."""
+        return max(2, int(self.deadline_s // (self.rpc_s + _SETUP_PAUSE_S)))
+
+    def cost(self, request: Request) -> float:
+        """Return the longest one library request of this kind can wait on a silent master.
+
+        A silent segment holder costs ``transfer_s`` per wave of transfers the library runs to
+        it (four at a time), which no setting bounds per request (docs/backends/mooncake.md).
+        """
+        if request == "put":
+            return 3 * self.rpc_s + self.transfer_s
+        if request == "get":
+            return self.rpc_s + self.transfer_s
+        return self.rpc_s
+
+
+class Deadline:
+    """The moment one backend call must have returned by."""
+
+    __slots__ = ("end",)
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        """Return the seconds left (negative once passed)."""
+        return self.end - time.monotonic()
+
+    def allows(self, cost: float) -> bool:
+        """Return whether a request that may take ``cost`` seconds still fits."""
+        return self.left() >= cost
+
+
+def _positive_int(text: str | None) -> int | None:
+    try:
+        value = int(text) if text is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and value > 0 else None
+
+
+@contextlib.contextmanager
+def library_timeouts(timeouts: Timeouts) -> Iterator[None]:
+    """Hand the client library the timeouts derived from a deadline, around its ``setup``.
+
+    The RPC timeouts and the setup retries are set for the block only (the library reads them
+    while it sets up); a smaller value already in the environment is kept. The TCP transfer
+    timeouts stay set afterwards (the transport reads them at every transfer), lowered to this
+    deadline's share when the environment holds none or a longer one: with clients of several
+    deadlines in one process, the shortest wins for all of them.
+    """
+    with _ENV_LOCK:
+        for name in _TRANSFER_ENV:
+            current = _positive_int(os.environ.get(name))
+            if current is None or current > timeouts.transfer_s:
+                os.environ[name] = str(timeouts.transfer_s)
+        saved = {name: os.environ.get(name) for name in _SETUP_ENV}
+        rpc_ms = max(1, round(timeouts.rpc_s * 1000))
+        ours = dict(zip(_SETUP_ENV, (rpc_ms, rpc_ms, timeouts.setup_retries), strict=True))
+        for name, wanted in ours.items():
+            current = _positive_int(saved[name])
+            os.environ[name] = str(wanted if current is None else min(current, wanted))
+        try:
+            yield
+        finally:
+            for name, before in saved.items():
+                if before is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = before
 
 
 def code_name(code: int) -> str:
@@ -138,31 +296,39 @@ class SharedClient:
                 f" (hosts without CUDA): {exc}"
             ) from exc
         self.settings = settings
+        self.timeouts = Timeouts.split(settings.deadline_s)
         self.pid = os.getpid()
         self._regions: dict[int, tuple[int, int]] = {}
         self._regions_lock = threading.Lock()
+        self._breaker = threading.Lock()
         self._down = False
+        self._silent = False
+        self._prober: threading.Thread | None = None
+        self._closing = threading.Event()
+        self._warned_no_space = False
         self.staging_lock = threading.Lock()
-        self._require_master("before setup", _ignore)
+        self._require_master("before setup")
         endpoint = _metadata_endpoint(settings.metadata_server)
         if endpoint is not None:
             reason = probe(*endpoint, settings.probe_timeout_s)
             if reason is not None:
                 raise BackendUnavailableError(
-                    f"mooncake metadata server {settings.metadata_server} is not reachable "
-                    f"({reason}); start it or set metadata_server / $MOONCAKE_TE_META_DATA_SERVER"
+                    f"mooncake metadata server {redact_url(settings.metadata_server)} is not "
+                    f"reachable ({reason}); start it or set metadata_server / "
+                    "$MOONCAKE_TE_META_DATA_SERVER"
                 )
         store = MooncakeDistributedStore()
         started = time.monotonic()
-        code = store.setup(
-            settings.local_hostname,
-            settings.metadata_server,
-            settings.global_segment_size,
-            0,  # the library's own buffer serves put()/get(), which this backend never calls
-            settings.protocol,
-            settings.device,
-            settings.master,
-        )
+        with library_timeouts(self.timeouts):
+            code = store.setup(
+                settings.local_hostname,
+                settings.metadata_server,
+                settings.global_segment_size,
+                0,  # the library's own buffer serves put()/get(), which this backend never calls
+                settings.protocol,
+                settings.device,
+                settings.master,
+            )
         if code != 0:
             raise BackendUnavailableError(
                 f"mooncake setup against master {settings.master} failed with {code} "
@@ -176,27 +342,83 @@ class SharedClient:
         self.staging_ptr = int(self.staging.ctypes.data)
         self._register(self.staging_ptr, self.staging.nbytes)
 
-    # -- errors ---------------------------------------------------------------------------------
+    # -- errors and the breaker -----------------------------------------------------------------
 
-    def _require_master(self, when: str, count: Count) -> None:
+    def _require_master(self, when: str) -> None:
         settings = self.settings
         reason = probe(settings.master_host, settings.master_port, settings.probe_timeout_s)
         if reason is not None:
-            count("master_unreachable")
             raise BackendUnavailableError(
                 f"mooncake master {settings.master} is not reachable {when} ({reason}); start "
                 "mooncake_master there or set the 'master' option / $MOONCAKE_MASTER"
             )
 
-    @contextlib.contextmanager
-    def call(self, what: str, count: Count) -> Iterator[None]:
-        """Guard one client call: fail fast while the master is down, translate exceptions.
+    @property
+    def down(self) -> bool:
+        """Whether the breaker is open: the master did not answer and has not answered since."""
+        return self._down
 
-        ``count(reason)`` is told about every failure.
-        """
+    def mark_down(self, code: int) -> None:
+        """Open the breaker after ``code`` (an unreachable code); start the background probe."""
+        with self._breaker:
+            self._down = True
+            self._silent = code == _SILENT
+            if self._prober is None and not self._closing.is_set():
+                self._prober = threading.Thread(
+                    target=self._probe_master, name="mooncake-master-probe", daemon=True
+                )
+                self._prober.start()
+
+    def mark_up(self) -> None:
+        """Close the breaker: the master answered a request."""
         if self._down:
-            self._require_master(f"for {what}", count)
-            self._down = False
+            with self._breaker:
+                self._down = False
+                self._silent = False
+
+    def _may_ask(self) -> bool:
+        """While the breaker is open: whether a call may still send the master a request.
+
+        Not while the master is known to be silent (the probe reopens the way); otherwise when
+        its port accepts connections (a restarted master), within the RPC timeout.
+        """
+        if self._silent:
+            return False
+        settings = self.settings
+        timeout = min(settings.probe_timeout_s, self.timeouts.rpc_s)
+        return probe(settings.master_host, settings.master_port, timeout) is None
+
+    def _probe_master(self) -> None:
+        """While the breaker is open, probe the master; close the breaker when it answers.
+
+        The query (``is_exist``) writes into no caller memory, and the library bounds it by the
+        RPC timeout; no call waits on this thread.
+        """
+        settings = self.settings
+        while True:
+            with self._breaker:
+                if not self._down or self._closing.is_set():
+                    self._prober = None
+                    return
+            if probe(settings.master_host, settings.master_port, settings.probe_timeout_s) is None:
+                try:
+                    code = int(self.store.is_exist(_PROBE_KEY))
+                except Exception:  # noqa: BLE001 - any failure means: not yet
+                    code = -1
+                if code in (0, 1):
+                    self.mark_up()
+                    logger.info("mooncake master %s answers again", settings.master)
+                    continue
+                # Silent only when it took the request and let it time out; a failed request
+                # (a connection the restarted master reset) lets calls ask again.
+                self._silent = code == _SILENT
+            else:
+                self._silent = False
+            self._closing.wait(_PROBE_INTERVAL_S)
+
+    @contextlib.contextmanager
+    def translate(self, what: str, count: Count) -> Iterator[None]:
+        """Turn the client library's exceptions into ``BackendIOError``, counting them."""
         try:
             yield
         except BackendError:
@@ -205,41 +427,88 @@ class SharedClient:
             count("client_exception")
             raise BackendIOError(f"mooncake {what} failed: {exc}") from exc
 
+    @contextlib.contextmanager
+    def call(self, what: str, count: Count) -> Iterator[None]:
+        """Guard one request to the store: fail at once while the breaker is open.
+
+        ``count(reason)`` is told about every failure.
+
+        Raises
+        ------
+        BackendUnavailableError
+            While the master is known not to answer.
+        """
+        if self._down and not self._may_ask():
+            count("master_unreachable")
+            raise BackendUnavailableError(
+                f"mooncake master {self.settings.master} did not answer a recent request; "
+                f"{what} fails at once until it answers again"
+            )
+        with self.translate(what, count):
+            yield
+
     def check(self, code: int, what: str, count: Count) -> int:
         """Return ``code`` unless it says the master is unreachable; then raise.
 
         Raises
         ------
         BackendUnavailableError
-            For ``RPC_FAIL``-like codes; later calls probe the master first.
+            For ``RPC_FAIL``-like codes; the breaker opens.
         """
-        if code in _UNREACHABLE:
-            self._down = True
+        if code in UNREACHABLE:
+            self.mark_down(code)
             count(code_name(code))
             raise BackendUnavailableError(
                 f"mooncake {what} failed with {code} ({code_name(code)}): master "
                 f"{self.settings.master} did not answer"
             )
+        self.mark_up()
         return code
 
     def check_batch(self, codes: list[int], what: str, count: Count) -> list[int]:
-        """Return per-key codes; raise when every key failed because the master was unreachable.
+        """Return per-key codes; raise when no key got an answer.
 
         Raises
         ------
         BackendUnavailableError
-            If no key got an answer.
+            If every key failed because the master was unreachable.
+        BackendTimeoutError
+            If no key got an answer and some were not even asked, for want of time.
         """
-        if codes and all(code in _UNREACHABLE for code in codes):
+        failed = next((code for code in codes if code in UNREACHABLE), None)
+        if failed is not None:
+            self.mark_down(failed)
+        elif any(code != SKIPPED for code in codes):
+            self.mark_up()
+        if codes and all(code in UNREACHABLE for code in codes):
             self.check(codes[0], what, count)
-        if any(code in _UNREACHABLE for code in codes):
-            self._down = True
+        if codes and all(code in UNREACHABLE or code == SKIPPED for code in codes):
+            count(code_name(SKIPPED))
+            raise BackendTimeoutError(
+                f"mooncake {what} did not finish within deadline_s={self.settings.deadline_s:g}s"
+            )
         return codes
+
+    def note_no_space(self) -> None:
+        """Log once that a put found no segment memory (a client with no holder to use)."""
+        if self._warned_no_space:
+            return
+        self._warned_no_space = True
+        logger.warning(
+            "mooncake master %s found no segment memory for a put (NO_AVAILABLE_HANDLE): the "
+            "store is full, or no process contributes memory%s; run a segment holder "
+            "(mooncake_client -global_segment_size=...) or give this backend "
+            "global_segment_size",
+            self.settings.master,
+            " (this client mounts none: global_segment_size=0)"
+            if self.settings.global_segment_size == 0
+            else "",
+        )
 
     # -- registered memory ----------------------------------------------------------------------
 
     def _register(self, ptr: int, nbytes: int) -> None:
-        with self.call("register_buffer", _ignore):
+        with self.translate("register_buffer", _ignore):
             code = self.store.register_buffer(ptr, nbytes)
         if code != 0:
             raise BackendIOError(
@@ -283,7 +552,14 @@ class SharedClient:
             return sum(nbytes for nbytes, _ in self._regions.values())
 
     def close(self) -> None:
-        """Unregister everything and close the store (drops objects in this client's segment)."""
+        """Stop the probe, unregister everything and close the store.
+
+        Closing drops the objects in this client's segment.
+        """
+        self._closing.set()
+        prober = self._prober
+        if prober is not None:
+            prober.join(self.timeouts.rpc_s + self.settings.probe_timeout_s + 1.0)
         with self._regions_lock:
             for ptr in list(self._regions):
                 self.store.unregister_buffer(ptr)

@@ -14,31 +14,51 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import msgspec
 
 from hicache_storage.errors import ConfigError
+from hicache_storage.options import MAX_BYTES, check_bytes, check_port, check_seconds
+from hicache_storage.redact import redact_url
 
 __all__ = [
     "CONFIG_PATH_ENV",
+    "DEFAULT_DEADLINE_S",
     "DEFAULT_GLOBAL_SEGMENT_SIZE",
     "DEFAULT_LOCAL_BUFFER_SIZE",
+    "DEFAULT_PROBE_TIMEOUT_S",
+    "MIN_DEADLINE_S",
     "MooncakeConfig",
     "MooncakeSettings",
+    "normalize_prefix",
     "parse_bytes",
 ]
 
 CONFIG_PATH_ENV = ("SGLANG_HICACHE_MOONCAKE_CONFIG_PATH", "MOONCAKE_CONFIG_PATH")
 """Environment variables naming a JSON config file, checked in this order."""
 
-DEFAULT_GLOBAL_SEGMENT_SIZE = 4 << 30
+DEFAULT_GLOBAL_SEGMENT_SIZE = 0
+"""A pure client by default: objects live in long-lived segment holders, never in a segment
+that dies with this process (SGLang's default is 4 GiB; see docs/backends/mooncake.md)."""
+
 DEFAULT_LOCAL_BUFFER_SIZE = 16 << 20
+
+DEFAULT_DEADLINE_S = 5.0
+"""The longest one call may wait on a silent master."""
+
+MIN_DEADLINE_S = 2.0
+"""Shortest ``deadline_s``: the transfer engine's TCP timeouts count whole seconds (at least 1),
+and the master's RPCs need a share of the rest (see :mod:`.client`)."""
+
+DEFAULT_PROBE_TIMEOUT_S = 3.0
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", re.IGNORECASE)
-_PREFIX = re.compile(r"[A-Za-z0-9._:/@=+-]*")
+_PREFIX = re.compile(r"[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*/?")
+"""Segments of the key alphabet joined by '/', with one trailing '/' allowed."""
+_HOST = re.compile(r"[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*")
 
 # Setting -> (environment variable, key in a SGLang JSON file).
 _SOURCES: dict[str, tuple[str, str]] = {
@@ -71,15 +91,97 @@ def parse_bytes(name: str, value: object) -> int:
     if isinstance(value, bool):
         raise ConfigError(f"{name} must be a size in bytes, got {value!r}")
     if isinstance(value, int):
-        number = float(value)
+        size = value
     else:
         match = _SIZE.fullmatch(str(value)) if isinstance(value, (str, float)) else None
         if match is None:
             raise ConfigError(f"{name} must be a size such as 4294967296 or '4GB', got {value!r}")
         number = float(match.group(1)) * _UNITS[match.group(2).lower()]
-    if number < 0 or not number.is_integer():
-        raise ConfigError(f"{name} must be a whole, non-negative number of bytes, got {value!r}")
-    return int(number)
+        if not math.isfinite(number) or not number.is_integer():
+            raise ConfigError(f"{name} must be a whole number of bytes, got {_show(value)}")
+        size = int(number)
+    if size < 0:
+        raise ConfigError(f"{name} must be a non-negative number of bytes, got {value!r}")
+    if size > MAX_BYTES:
+        raise ConfigError(f"{name} must be at most {MAX_BYTES} bytes (1 PiB), got {_show(value)}")
+    check_bytes(name, size, minimum=0, maximum=MAX_BYTES)
+    return size
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def normalize_prefix(prefix: str) -> str:
+    """Return ``prefix`` without its trailing '/', after checking it is a valid namespace.
+
+    A namespace is empty, or segments of the key alphabet (``[A-Za-z0-9_.-]``) joined by
+    '/'. Keys never contain '/', so the stored name ``<prefix>/<key>`` tells every namespace
+    apart: ``ten`` and ``ten2`` or ``ten/sub`` never share a name.
+
+    Raises
+    ------
+    ValueError
+        If it is not.
+    """
+    if prefix and not _PREFIX.fullmatch(prefix):
+        raise ValueError(
+            "prefix must be segments of letters, digits, '_', '.' and '-' joined by '/' "
+            f"(one trailing '/' allowed), got {prefix!r}"
+        )
+    return prefix.removesuffix("/")
+
+
+def check_address(name: str, value: str, *, port: bool) -> tuple[str, int | None]:
+    """Split ``host[:port]`` (``[v6]:port`` for IPv6), checking the port is within 1..65535.
+
+    With ``port`` the port is required.
+
+    Raises
+    ------
+    ValueError
+        If the host is empty or malformed, or the port is missing (when required) or out of
+        range.
+    """
+    text = value.strip()
+    host, digits = text, None
+    if text.startswith("["):
+        close = text.find("]")
+        host, rest = text[: close + 1], text[close + 1 :]
+        if close < 0 or (rest and not rest.startswith(":")):
+            host = ""
+        elif rest:
+            digits = rest[1:]
+    elif text.count(":") == 1 or (port and ":" in text):
+        host, _, digits = text.rpartition(":")
+    wanted = "host:port" if port else "host or host:port"
+    if not host or not _HOST.fullmatch(host) or (port and digits is None):
+        raise ValueError(f"{name} must be {wanted}, got {value!r}")
+    try:
+        number = None if digits is None else check_port(name, digits)
+    except ValueError:
+        raise ValueError(
+            f"{name} must be {wanted} with a port within 1..65535, got {value!r}"
+        ) from None
+    return host.strip("[]"), number
+
+
+def check_metadata_server(name: str, value: str) -> None:
+    """Check the port of an ``http(s)://`` or ``etcd://`` metadata server address.
+
+    Raises
+    ------
+    ValueError
+        If a port in it is out of range.
+    """
+    _, sep, rest = value.partition("://")
+    if not sep:
+        return  # P2PHANDSHAKE, or a bare etcd host:port list
+    for netloc in rest.split("/", 1)[0].split(","):
+        netloc = netloc.rpartition("@")[2]
+        if netloc:
+            check_address(f"{name} ({redact_url(value)})", netloc, port=False)
 
 
 class MooncakeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -103,9 +205,10 @@ class MooncakeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     device
         RDMA device names, comma-separated (``mlx5_0``); empty for TCP [``MOONCAKE_DEVICE``].
     global_segment_size
-        Memory this process contributes to the distributed store; default 4 GiB, 0 for a pure
-        client. Objects in it are dropped when the process exits
-        [``MOONCAKE_GLOBAL_SEGMENT_SIZE``].
+        Memory this process contributes to the distributed store; default 0 (a pure client:
+        the memory comes from long-lived segment holders). Objects in it are dropped when the
+        process exits, so with a segment of its own the backend claims neither ``persistent``
+        nor ``shared`` [``MOONCAKE_GLOBAL_SEGMENT_SIZE``].
     local_buffer_size
         The registered staging buffer the copying calls (``get``/``set``/``batch_*``) go
         through; the zero-copy v1 calls never use it. Default 16 MiB
@@ -116,12 +219,20 @@ class MooncakeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         ``local_buffer_size``); default ``$SGLANG_HICACHE_MOONCAKE_CONFIG_PATH`` or
         ``$MOONCAKE_CONFIG_PATH``.
     prefix
-        Namespace prepended to every key (letters, digits and ``._:/@=+-``); ``clear()``
-        removes only keys under it, and needs it to be non-empty.
+        Namespace: segments of ``[A-Za-z0-9_.-]`` joined by '/' (a trailing '/' is dropped).
+        Each key is stored as ``<prefix>/<key>`` (just ``<key>`` with no prefix); ``clear()``
+        removes only names ``<prefix>/<rest>`` whose ``<rest>`` has no '/'.
+    deadline_s
+        The longest one call may take while the master does not answer (default 5 s, at least
+        2). The client library's master RPC and connect timeouts and its TCP transfer timeouts
+        are derived from it, and a call starts no further store request that could not finish
+        within what is left of it. A silent segment holder costs a request one transfer timeout
+        per wave of transfers to it (docs/backends/mooncake.md, "Failure behaviour").
     probe_timeout_s
-        How long the TCP probe of the master may take before ``setup`` (an unreachable master
-        is an error within this time, not Mooncake's 90-second hang), and before each call
-        while the master is known to be down.
+        How long the TCP probe of the master (and of an HTTP or etcd metadata server) may take
+        before ``setup``: an unreachable master is an error within this time, not Mooncake's
+        90-second hang. Default 3 s, or ``deadline_s`` when that is shorter; at most
+        ``deadline_s``.
     """
 
     master: str | None = None
@@ -133,16 +244,23 @@ class MooncakeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     local_buffer_size: int | str | None = None
     config_path: str | None = None
     prefix: str = ""
-    probe_timeout_s: float = 3.0
+    deadline_s: float = DEFAULT_DEADLINE_S
+    probe_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
-        if not _PREFIX.fullmatch(self.prefix):
+        normalize_prefix(self.prefix)
+        check_seconds("deadline_s", self.deadline_s)
+        if self.deadline_s < MIN_DEADLINE_S:
             raise ValueError(
-                f"prefix may hold only letters, digits and '._:/@=+-', got {self.prefix!r}"
+                f"deadline_s must be at least {MIN_DEADLINE_S:g} seconds (the transfer engine's "
+                f"TCP timeouts count whole seconds), got {self.deadline_s}"
             )
-        timeout = self.probe_timeout_s
-        if isinstance(timeout, bool) or math.isnan(timeout) or not 0 < timeout <= 60:
-            raise ValueError(f"probe_timeout_s must be within (0, 60], got {timeout!r}")
+        check_seconds("probe_timeout_s", self.probe_timeout_s, allow_none=True)
+        if self.probe_timeout_s is not None and self.probe_timeout_s > self.deadline_s:
+            raise ValueError(
+                f"probe_timeout_s={self.probe_timeout_s:g} is longer than "
+                f"deadline_s={self.deadline_s:g}: lower it or raise deadline_s"
+            )
         for name in ("global_segment_size", "local_buffer_size"):
             value = getattr(self, name)
             if value is not None:
@@ -150,6 +268,12 @@ class MooncakeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                     parse_bytes(name, value)
                 except ConfigError as exc:
                     raise ValueError(str(exc)) from None
+        if self.master is not None:
+            check_address("master", self.master, port=True)
+        if self.local_hostname is not None:
+            check_address("local_hostname", self.local_hostname, port=False)
+        if self.metadata_server is not None:
+            check_metadata_server("metadata_server", self.metadata_server)
 
     def resolve(self, env: Mapping[str, str] | None = None) -> MooncakeSettings:
         """Merge the options, the JSON file and the environment into final settings.
@@ -181,6 +305,8 @@ class MooncakeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                 "'master_server_address' in a config file, or $MOONCAKE_MASTER (host:port)"
             )
         host, port = _host_port(str(master), origin["master"])
+        _checked(_check_host, "local_hostname", str(chosen["local_hostname"]), origin)
+        _checked(check_metadata_server, "metadata_server", str(chosen["metadata_server"]), origin)
         protocol = str(chosen["protocol"]).lower()
         if protocol not in ("tcp", "rdma"):
             raise ConfigError(f"protocol from {origin['protocol']} must be 'tcp' or 'rdma'")
@@ -198,8 +324,13 @@ class MooncakeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             device=str(chosen["device"]),
             global_segment_size=sizes["global_segment_size"],
             local_buffer_size=sizes["local_buffer_size"],
-            prefix=self.prefix,
-            probe_timeout_s=float(self.probe_timeout_s),
+            prefix=normalize_prefix(self.prefix),
+            deadline_s=float(self.deadline_s),
+            probe_timeout_s=float(
+                min(DEFAULT_PROBE_TIMEOUT_S, self.deadline_s)
+                if self.probe_timeout_s is None
+                else self.probe_timeout_s
+            ),
         )
 
     def _file(self, env: Mapping[str, str]) -> tuple[dict[str, Any], str]:
@@ -230,10 +361,14 @@ class MooncakeSettings:
     global_segment_size: int
     local_buffer_size: int
     prefix: str
+    deadline_s: float
     probe_timeout_s: float
 
     def client_key(self) -> tuple[object, ...]:
-        """Return what identifies the store client these settings need."""
+        """Return what identifies the store client these settings need.
+
+        The deadline is part of it: the client library reads its RPC timeouts once, at setup.
+        """
         return (
             self.master,
             self.metadata_server,
@@ -242,6 +377,7 @@ class MooncakeSettings:
             self.device,
             self.global_segment_size,
             self.local_buffer_size,
+            self.deadline_s,
         )
 
 
@@ -253,7 +389,22 @@ def _size(name: str, value: object, origin: str) -> int:
 
 
 def _host_port(address: str, origin: str) -> tuple[str, int]:
-    host, sep, port = address.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"master from {origin} must be host:port, got {address!r}")
-    return host.strip("[]"), int(port)
+    try:
+        host, port = check_address("master", address, port=True)
+    except ValueError as exc:
+        raise ConfigError(f"master from {origin} must be host:port: {exc}") from None
+    assert port is not None
+    return host, port
+
+
+def _check_host(name: str, value: str) -> None:
+    check_address(name, value, port=False)
+
+
+def _checked(
+    check: Callable[[str, str], object], name: str, value: str, origin: Mapping[str, str]
+) -> None:
+    try:
+        check(name, value)
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (from {origin[name]})") from None

@@ -13,6 +13,8 @@ SPEC = BackendSpec(
     config="hicache_storage.backends.mooncake.config:MooncakeConfig",
     extra="mooncake",
     requires=("mooncake",),
+    # The default config is a pure client (global_segment_size=0); an instance that mounts a
+    # segment of its own claims neither persistent nor shared (see MooncakeBackend).
     capabilities=Capabilities(
         persistent=True,
         shared=True,
@@ -22,6 +24,7 @@ SPEC = BackendSpec(
     ),
     baseline="hicache_storage.backends.mooncake.baseline:RawMooncakeBaseline",
     description="Mooncake distributed store (zero-copy page I/O through registered memory)",
+    namespace_option="prefix",
 )
 
 

@@ -6,8 +6,10 @@ only holds a segment; test clients mount none (``global_segment_size=0``) and th
 outlives them. Both binaries ship inside the mooncake wheel. Everything binds 127.0.0.1 on free
 ports and is stopped by PID (:mod:`hicache_storage.conformance.provision`).
 
-Only the master's service is published for the conformance suite's fault checks: stopping it
-is the outage (the holder stays up and re-mounts its segment when the master returns).
+Only the master's service is published for the conformance suite's fault checks: stopping or
+pausing it is the outage (the holder stays up and re-mounts its segment when the master returns).
+Once a holder has mounted, the master counts as ready only when the holder's segment is mounted
+again, so a check that restarts the master gets a store that can take puts.
 """
 
 from __future__ import annotations
@@ -30,11 +32,14 @@ from hicache_storage.conformance.provision import (
 )
 from hicache_storage.errors import BackendUnavailableError, MissingDependencyError
 
+from .config import DEFAULT_DEADLINE_S
+
 __all__ = [
     "HOLDER_BACKEND",
     "binary",
     "holder_ready",
     "holder_service",
+    "local_services",
     "local_store",
     "master_ready",
     "master_service",
@@ -44,9 +49,12 @@ HOLDER_BACKEND = "mooncake-segment-holder"
 """The ``backend`` of the holder's service: no backend has this name, so the fault checks
 never pick the holder."""
 
-_TIMEOUT_S = 6.0
-"""What a call may take while the master is down: the client's RPC timeout (about 4.3 s) for
-the first call, then the fast-failing probe."""
+_TIMEOUT_S = DEFAULT_DEADLINE_S
+"""What a call may take while the master is down or paused: the backend's default
+``deadline_s`` (the option the suite's fault checks run the backend with)."""
+
+_HOLDER_MARK = "holder-mounted"
+"""A file in the master's workdir: once there, master_ready also waits for segment capacity."""
 
 
 def binary(name: str) -> str:
@@ -83,16 +91,27 @@ def _metrics(service: LocalService) -> str:
 
 
 def master_ready(service: LocalService, deadline: float) -> None:
-    """Wait until the master's ``/health`` answers 200."""
+    """Wait until the master's ``/health`` answers 200 (and, with a holder, it has capacity).
+
+    After a restart the master knows no segment until the holder re-mounts (1-3 s); a store
+    without one refuses every put, so it is not ready yet.
+    """
     url = f"http://{_metrics(service)}/health"
     while _http_get(url)[0] != 200:
         if time.monotonic() > deadline:
             raise BackendUnavailableError(f"mooncake master health {url} did not answer 200")
         time.sleep(0.05)
+    mark = Path(service.state.workdir) / _HOLDER_MARK
+    if mark.exists():
+        _wait_capacity(service, deadline, Path(mark.read_text() or service.state.workdir))
 
 
 def holder_ready(service: LocalService, deadline: float) -> None:
     """Wait until the master reports segment capacity (the holder mounted its segment)."""
+    _wait_capacity(service, deadline, service.log("holder"))
+
+
+def _wait_capacity(service: LocalService, deadline: float, log: Path) -> None:
     url = f"http://{_metrics(service)}/metrics"
     while True:
         status, text = _http_get(url)
@@ -102,8 +121,7 @@ def holder_ready(service: LocalService, deadline: float) -> None:
                 return
         if time.monotonic() > deadline:
             raise BackendUnavailableError(
-                f"the mooncake segment holder did not mount its segment ({url}); log "
-                f"{service.log('holder')}"
+                f"the mooncake segment holder did not mount its segment ({url}); log {log}"
             )
         time.sleep(0.1)
 
@@ -165,6 +183,22 @@ def holder_service(
 
 
 @contextlib.contextmanager
+def local_services(
+    workdir: str | os.PathLike[str], *, segment: str = "512MB"
+) -> Iterator[tuple[LocalService, LocalService]]:
+    """Run a master and a segment holder; yield both services (neither is published).
+
+    Both are stopped by PID when the block ends, the holder first. From then on the master
+    counts as ready only with the holder's segment mounted (see :func:`master_ready`).
+    """
+    master = master_service(Path(workdir) / "master")
+    holder = holder_service(Path(workdir) / "holder", master, segment=segment)
+    with master, holder:
+        (Path(master.state.workdir) / _HOLDER_MARK).write_text(str(holder.log("holder")))
+        yield master, holder
+
+
+@contextlib.contextmanager
 def local_store(
     workdir: str | os.PathLike[str], *, segment: str = "512MB"
 ) -> Iterator[LocalService]:
@@ -172,7 +206,5 @@ def local_store(
 
     Both are stopped by PID when the block ends, the holder first.
     """
-    master = master_service(Path(workdir) / "master")
-    holder = holder_service(Path(workdir) / "holder", master, segment=segment)
-    with master, holder, publish(master):
+    with local_services(workdir, segment=segment) as (master, _), publish(master):
         yield master

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 import tracemalloc
 from collections.abc import Iterator
 from typing import Any
@@ -14,12 +15,14 @@ import torch
 from hicache_storage import create_backend
 from hicache_storage.backends.mooncake.backend import (
     MooncakeBackend,
-    escape_prefix,
+    capabilities_for,
+    clear_pattern,
     unique_rounds,
 )
 from hicache_storage.backends.mooncake.config import MooncakeConfig
+from hicache_storage.backends.mooncake.plugin import SPEC
 from hicache_storage.conformance.provision import free_port
-from hicache_storage.errors import BackendUnavailableError, UnsupportedOperationError
+from hicache_storage.errors import BackendUnavailableError, InvalidKeyError
 from hicache_storage.hostpool import HostKVPool, MHAHostPool, MLAHostPool
 
 LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
@@ -99,7 +102,7 @@ def test_v1_hands_mooncake_the_pools_own_buffers(
         "batch_get_into_multi_buffers",
     ]
     for _, (names, got_ptrs, got_sizes) in recorder.calls:
-        assert names == [bare._prefix + key for key in keys]
+        assert names == [f"{bare._prefix}/{key}" for key in keys]
         assert got_ptrs == ptrs and got_sizes == sizes
     start = pool.kv_buffer.data_ptr()
     end = start + raw(pool).numel()
@@ -157,27 +160,70 @@ def test_repeated_key_in_one_batch_fills_every_destination(bare: MooncakeBackend
     assert outs == [bytearray(b"first")] * 3
 
 
-def test_clear_removes_only_its_prefix(options: dict[str, object]) -> None:
-    token = secrets.token_hex(3)
-    # "iso.<t>/" unescaped would also match "isoX<t>/..." keys: the '.' must be escaped.
-    mine = create_backend("mooncake", {**options, "prefix": f"iso.{token}/"})
-    lookalike = create_backend("mooncake", {**options, "prefix": f"isoX{token}/"})
-    longer = create_backend("mooncake", {**options, "prefix": f"iso.{token}"})
+def test_clear_pattern_matches_one_namespace() -> None:
+    assert clear_pattern("a.b") == r"^a\.b/[^/]+$"
+    assert clear_pattern("ten/sub") == "^ten/sub/[^/]+$"
+    assert clear_pattern("") == "^[^/]+$"
+
+
+NESTED = [
+    ("ten{t}", "ten{t}2"),
+    ("ten{t}", "ten{t}/sub"),
+    ("", "ten{t}"),
+    ("ten{t}/", "ten{t}2/"),
+    ("a.b{t}", "aXb{t}"),  # '.' must not match any character in clear()'s regex
+]
+
+
+@pytest.mark.parametrize(("short", "long"), NESTED)
+def test_nested_namespaces_never_see_or_clear_each_other(
+    options: dict[str, object], short: str, long: str
+) -> None:
+    """One prefix a prefix of the other: no shared names, and clear() touches only its own."""
+    token = secrets.token_hex(3)  # keeps this test's names apart from every other test's
+    short, long = short.format(t=token), long.format(t=token)
+    a = create_backend("mooncake", {**options, "prefix": short})
+    b = create_backend("mooncake", {**options, "prefix": long})
+    tail = long.removeprefix(short).strip("/")  # what a join without a separator would share
     try:
-        assert mine.set("k", b"1") and lookalike.set("k", b"2") and longer.set("other", b"3")
-        mine.clear()
-        assert not mine.exists("k")
-        assert lookalike.exists("k") and longer.exists("other")
-        assert escape_prefix("a.b+c/") == r"^a\.b\+c/"
+        # "ten" + "2k" and "ten2" + "k" would be one object if names were concatenated.
+        assert a.set(f"{tail}k", b"A-joined") if tail else True
+        assert a.set("k", b"A") and b.set("k", b"B")
+        assert a.get("k") == b"A" and b.get("k") == b"B"
+        assert not b.exists(f"{tail}k") if tail else True
+        assert b.batch_exists(["k", "only-a"]) == 1 and a.batch_exists(["only-b"]) == 0
+        assert b.set("only-b", b"b") and a.set("only-a", b"a")
+        a.clear()
+        assert a.batch_exists(["k"]) == 0 and not a.exists("only-a")
+        assert b.get("k") == b"B" and b.exists("only-b"), f"clear() of {short!r} hit {long!r}"
+        assert a.set("k", b"A2")
+        b.clear()
+        assert not b.exists("k") and not b.exists("only-b")
+        assert a.get("k") == b"A2", f"clear() of {long!r} hit {short!r}"
     finally:
-        for backend in (mine, lookalike, longer):
-            backend.delete("k")
-            backend.close()
-    longer_bare = MooncakeBackend(MooncakeConfig(**{**options, "prefix": ""}))  # type: ignore[arg-type]
-    with pytest.raises(UnsupportedOperationError, match="prefix"):
-        longer_bare.clear()
-    longer_bare.delete(f"iso.{token}other")
-    longer_bare.close()
+        a.clear()
+        b.clear()
+        a.close()
+        b.close()
+
+
+def test_bare_backend_refuses_a_key_with_the_separator(bare: MooncakeBackend) -> None:
+    with pytest.raises(InvalidKeyError, match="'/'"):
+        bare.set("sub/k", b"x")
+    with pytest.raises(InvalidKeyError):
+        bare.batch_exists(["ok", "a/b"])
+
+
+def test_capabilities_follow_the_segment_option(options: dict[str, object]) -> None:
+    pure = MooncakeConfig(master="m:1").resolve(env={})
+    assert capabilities_for(pure) == SPEC.capabilities  # the documented default
+    assert capabilities_for(pure).persistent and capabilities_for(pure).shared
+    mounting = MooncakeConfig(master="m:1", global_segment_size="1GB").resolve(env={})
+    caps = capabilities_for(mounting)
+    assert not caps.persistent and not caps.shared
+    assert caps.native_zero_copy and caps.delete and caps.crash_safe_writes
+    with create_backend("mooncake", options) as backend:
+        assert backend.capabilities == SPEC.capabilities
 
 
 def test_data_outlives_the_writing_instance(options: dict[str, object]) -> None:
@@ -226,3 +272,44 @@ def test_missing_master_config_is_a_config_error(monkeypatch: pytest.MonkeyPatch
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ConfigError, match="MOONCAKE_MASTER"):
         create_backend("mooncake", {})
+
+
+class Slow:
+    """Stands between the backend and its store client; each put takes ``delay`` seconds."""
+
+    def __init__(self, store: Any, delay: float) -> None:
+        self.store = store
+        self.delay = delay
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self.store, name)
+        if name != "batch_put_from":
+            return target
+
+        def slow(*args: Any) -> Any:
+            time.sleep(self.delay)
+            return target(*args)
+
+        return slow
+
+
+def test_a_call_starts_no_request_its_deadline_cannot_cover(options: dict[str, object]) -> None:
+    """Four values, one staged put each: after a slow first put, the rest do not fit."""
+    backend = MooncakeBackend(
+        MooncakeConfig(**{**options, "local_buffer_size": "4KiB", "deadline_s": 2.0})  # type: ignore[arg-type]
+    )
+    client = backend._client
+    put_cost = client.timeouts.cost("put")  # 1.75 s of the 2 s deadline
+    client.store = Slow(client.store, delay=2.0 - put_cost + 0.05)
+    try:
+        start = time.monotonic()
+        stored = backend.batch_set(
+            [f"d{i}" for i in range(4)], [bytes([i]) * 3000 for i in range(4)]
+        )
+        took = time.monotonic() - start
+    finally:
+        client.store = client.store.store
+    assert stored == [True, False, False, False]
+    assert took < 1.0 and backend.stats()["errors"]["deadline_exceeded"] == 3
+    backend.clear()
+    backend.close()
