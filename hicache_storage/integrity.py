@@ -22,7 +22,7 @@ from collections.abc import Iterable
 import crc32c
 from typing_extensions import Buffer
 
-__all__ = ["MAGIC", "RECORD_BYTES", "checksum", "key_digest", "seal", "stored_length", "verify"]
+__all__ = ["MAGIC", "RECORD_BYTES", "checksum", "key_digest", "seal", "verify"]
 
 MAGIC = b"HCI1"
 _RECORD = struct.Struct("<4sQIQQ")
@@ -74,12 +74,3 @@ def verify(
     if crc != checksum(views):
         return "checksum"
     return None
-
-
-def stored_length(record: Buffer) -> int | None:
-    """Return the value length a record claims, or ``None`` if it is not a record."""
-    raw = memoryview(record).cast("B")
-    if raw.nbytes != RECORD_BYTES:
-        return None
-    magic, length, _, _, _ = _RECORD.unpack(raw)
-    return int(length) if magic == MAGIC else None

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -33,6 +36,24 @@ def make_pool(kind: str, layout: str, pages: int = 8, page_size: int = 4) -> Hos
         layout=layout,
         pin_memory=False,
     )
+
+
+def pool_bytes(pool: HostKVPool) -> torch.Tensor:
+    """Every byte of ``pool``'s buffer, flat (for sentinel checks)."""
+    return pool.kv_buffer.view(-1).view(torch.uint8)
+
+
+def page_indices(pool: HostKVPool, pages: Iterable[int]) -> list[int]:
+    """Host indices of whole ``pages`` of ``pool``, in order."""
+    size = pool.page_size
+    return [t for p in pages for t in range(p * size, (p + 1) * size)]
+
+
+def timed(call: Callable[[], Any]) -> tuple[float, Any]:
+    """Return the seconds ``call`` took and what it returned."""
+    start = time.monotonic()
+    result = call()
+    return time.monotonic() - start, result
 
 
 CAPABILITY_SKIP = re.compile(r"backend does not claim capability '(\w+)'")

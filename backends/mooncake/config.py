@@ -20,7 +20,7 @@ from typing import Any, Literal
 import msgspec
 
 from hicache_storage.errors import ConfigError
-from hicache_storage.options import MAX_BYTES, check_bytes, check_port, check_seconds
+from hicache_storage.options import MAX_BYTES, check_port, check_seconds
 from hicache_storage.redact import redact_url
 
 __all__ = [
@@ -104,7 +104,6 @@ def parse_bytes(name: str, value: object) -> int:
         raise ConfigError(f"{name} must be a non-negative number of bytes, got {value!r}")
     if size > MAX_BYTES:
         raise ConfigError(f"{name} must be at most {MAX_BYTES} bytes (1 PiB), got {_show(value)}")
-    check_bytes(name, size, minimum=0, maximum=MAX_BYTES)
     return size
 
 

@@ -24,6 +24,8 @@ from hicache_storage.conformance.provision import LocalService
 from hicache_storage.errors import BackendUnavailableError
 from hicache_storage.hostpool import MHAHostPool
 
+from ...helpers import page_indices, pool_bytes
+
 SLACK_S = 1.0
 """What a call may take past its deadline (scheduling on a shared 2-core machine)."""
 
@@ -59,15 +61,6 @@ def _pool() -> MHAHostPool:
     )
 
 
-def _raw(pool: MHAHostPool) -> torch.Tensor:
-    return pool.kv_buffer.view(-1).view(torch.uint8)
-
-
-def _indices(pool: MHAHostPool, pages: list[int]) -> list[int]:
-    size = pool.page_size
-    return [t for p in pages for t in range(p * size, (p + 1) * size)]
-
-
 def _timed(calls: dict[str, tuple[Callable[[], object], object]]) -> dict[str, float]:
     """Run each call; assert it answered its miss; return the seconds each took."""
     took = {}
@@ -100,18 +93,18 @@ def test_paused_master_calls_miss_within_deadline(store: Store, deadline: float)
     keys = [f"k{i}" for i in range(32)]
     with create_backend("mooncake", options) as backend:
         backend.register_host_pool(pool)
-        _raw(pool).copy_(torch.randint(0, 256, _raw(pool).shape, dtype=torch.uint8))
+        pool_bytes(pool).copy_(torch.randint(0, 256, pool_bytes(pool).shape, dtype=torch.uint8))
         assert backend.batch_set(keys, [b"%d" % i for i in range(32)]) == [True] * 32
-        assert backend.batch_set_v1(keys[:6], _indices(pool, list(range(6)))) == [True] * 6
+        assert backend.batch_set_v1(keys[:6], page_indices(pool, list(range(6)))) == [True] * 6
         store.signal(store.master, signal.SIGSTOP)
         try:
-            _raw(pool).fill_(SENTINEL)
+            pool_bytes(pool).fill_(SENTINEL)
             outs = [bytearray(2) for _ in keys]
             took = _timed(
                 {
                     "get": (lambda: backend.get("k1"), None),
                     "batch_get_v1": (
-                        lambda: backend.batch_get_v1(keys[:6], _indices(pool, list(range(6)))),
+                        lambda: backend.batch_get_v1(keys[:6], page_indices(pool, list(range(6)))),
                         [False] * 6,
                     ),
                     "exists": (lambda: backend.exists("k1"), False),
@@ -124,18 +117,18 @@ def test_paused_master_calls_miss_within_deadline(store: Store, deadline: float)
                     ),
                     "batch_exists": (lambda: backend.batch_exists(keys), 0),
                     "batch_set_v1": (
-                        lambda: backend.batch_set_v1(["v0", "v1"], _indices(pool, [4, 5])),
+                        lambda: backend.batch_set_v1(["v0", "v1"], page_indices(pool, [4, 5])),
                         [False] * 2,
                     ),
                     "delete": (lambda: backend.delete("k2"), False),
                 }
             )
-            assert bool((_raw(pool) == SENTINEL).all()), "a failed load wrote into the pool"
+            assert bool((pool_bytes(pool) == SENTINEL).all()), "a failed load wrote into the pool"
             assert all(out == bytearray(2) for out in outs)
         finally:
             store.signal(store.master, signal.SIGCONT)
         time.sleep(0.5)  # a late write from a given-up load would land now
-        assert bool((_raw(pool) == SENTINEL).all()), "a failed load wrote into the pool later"
+        assert bool((pool_bytes(pool) == SENTINEL).all()), "a failed load wrote into the pool later"
         print(f"deadline {deadline:g}s, master paused:", {k: round(v, 2) for k, v in took.items()})
         assert max(took.values()) <= deadline + SLACK_S, took
         # The first call waited out the library's own RPC timeout; the breaker then failed the
@@ -198,34 +191,34 @@ def test_paused_holder_loads_miss_within_the_transfer_bound(store: Store) -> Non
     keys = ["h0", "h1"]
     with create_backend("mooncake", options) as backend:
         backend.register_host_pool(pool)
-        _raw(pool).copy_(torch.randint(0, 256, _raw(pool).shape, dtype=torch.uint8))
-        assert backend.batch_set_v1(keys, _indices(pool, [0, 1])) == [True] * 2
+        pool_bytes(pool).copy_(torch.randint(0, 256, pool_bytes(pool).shape, dtype=torch.uint8))
+        assert backend.batch_set_v1(keys, page_indices(pool, [0, 1])) == [True] * 2
         assert backend.set("value", b"v" * 5000)
         store.signal(store.holder, signal.SIGSTOP)
         try:
-            _raw(pool).fill_(SENTINEL)
+            pool_bytes(pool).fill_(SENTINEL)
             out = bytearray(5000)
             took = _timed(
                 {
                     "batch_get_v1": (
-                        lambda: backend.batch_get_v1(keys, _indices(pool, [0, 1])),
+                        lambda: backend.batch_get_v1(keys, page_indices(pool, [0, 1])),
                         [False] * 2,
                     ),
                     "get_into": (lambda: backend.get("value", out), None),
                     "batch_set_v1": (
-                        lambda: backend.batch_set_v1(["w0"], _indices(pool, [5])),
+                        lambda: backend.batch_set_v1(["w0"], page_indices(pool, [5])),
                         [False],
                     ),
                 }
             )
-            assert bool((_raw(pool) == SENTINEL).all()), "a failed load wrote into the pool"
+            assert bool((pool_bytes(pool) == SENTINEL).all()), "a failed load wrote into the pool"
             assert out == bytearray(5000)
         finally:
             store.signal(store.holder, signal.SIGCONT)
         time.sleep(0.5)  # a late write from a given-up transfer would land now
-        assert bool((_raw(pool) == SENTINEL).all()), "a failed load wrote into the pool later"
+        assert bool((pool_bytes(pool) == SENTINEL).all()), "a failed load wrote into the pool later"
         print(f"deadline {deadline:g}s, holder paused:", {k: round(v, 2) for k, v in took.items()})
         assert max(took.values()) <= 2 * transfer_s + SLACK_S, took  # at most 4 buffers each
         assert backend.stats()["errors"].get("TRANSFER_FAIL", 0) >= 1
         _recovers(backend, "after", 5 * deadline)
-        assert backend.batch_get_v1(keys, _indices(pool, [0, 1])) == [True] * 2
+        assert backend.batch_get_v1(keys, page_indices(pool, [0, 1])) == [True] * 2

@@ -6,10 +6,13 @@ subprocess, can stop and restart them for its server-fault checks.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
+from hicache_storage import create_backend
+from hicache_storage.backend import StorageBackend
 from hicache_storage.backends.redis import provision
 from hicache_storage.conformance.provision import LocalService, publish
 
@@ -35,3 +38,19 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSer
 def redis_service(request: pytest.FixtureRequest) -> LocalService:
     service: LocalService = request.getfixturevalue(f"redis_{request.param}")
     return service
+
+
+@pytest.fixture
+def make(redis_service: LocalService) -> Iterator[Callable[..., StorageBackend]]:
+    """Build backends on the service with extra options; clear and close them afterwards."""
+    built: list[StorageBackend] = []
+
+    def build(**options: Any) -> StorageBackend:
+        backend = create_backend("redis", {**redis_service.options, **options})
+        built.append(backend)
+        return backend
+
+    yield build
+    for backend in built:
+        backend.clear()
+        backend.close()

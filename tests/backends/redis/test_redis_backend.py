@@ -42,21 +42,6 @@ def raw_client(service: LocalService) -> Any:
     return redis.Redis.from_url(options["url"], password=options["password"])
 
 
-@pytest.fixture
-def make(redis_service: LocalService) -> Iterator[Callable[..., StorageBackend]]:
-    built: list[StorageBackend] = []
-
-    def build(**options: Any) -> StorageBackend:
-        backend = create_backend("redis", {**redis_service.options, **options})
-        built.append(backend)
-        return backend
-
-    yield build
-    for backend in built:
-        backend.clear()
-        backend.close()
-
-
 # -- configuration ----------------------------------------------------------------------------
 
 

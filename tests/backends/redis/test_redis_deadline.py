@@ -12,16 +12,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import torch
 
 from hicache_storage import StorageBackend, create_backend
 from hicache_storage.backends.redis import provision
 from hicache_storage.config import LayerConfig
 from hicache_storage.conformance.provision import LocalService
 from hicache_storage.errors import BackendTimeoutError
-from hicache_storage.hostpool import HostKVPool
 
-from ...helpers import make_pool
+from ...helpers import make_pool, page_indices, pool_bytes, timed
 
 DEADLINE_S = 1.5
 SLACK_S = 0.5
@@ -45,20 +43,6 @@ def hung_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalS
         yield service
 
 
-def _raw(pool: HostKVPool) -> torch.Tensor:
-    return pool.kv_buffer.view(-1).view(torch.uint8)
-
-
-def _indices(pool: HostKVPool, pages: range) -> list[int]:
-    return [p * pool.page_size + i for p in pages for i in range(pool.page_size)]
-
-
-def _timed(call: Callable[[], Any]) -> tuple[float, Any]:
-    start = time.monotonic()
-    result = call()
-    return time.monotonic() - start, result
-
-
 def _check_paused(service: LocalService, prefix: str) -> dict[str, float]:
     """Pause the service's pause targets; hold every call to the deadline; return worst times."""
     options = {
@@ -76,14 +60,14 @@ def _check_paused(service: LocalService, prefix: str) -> dict[str, float]:
     worst: dict[str, float] = {}
     try:
         assert backend.batch_set(keys, values) == [True] * 32
-        assert backend.batch_set_v1(keys, _indices(pool, range(32))) == [True] * 32
-        _raw(pool).fill_(SENTINEL)
+        assert backend.batch_set_v1(keys, page_indices(pool, range(32))) == [True] * 32
+        pool_bytes(pool).fill_(SENTINEL)
         service.pause()
         try:
 
             def calls(n: int) -> dict[str, tuple[Callable[[], Any], Callable[[Any], bool]]]:
                 outs = [bytearray(2) for _ in keys]
-                pages = _indices(pool, range(32 * (n + 1), 32 * (n + 2)))
+                pages = page_indices(pool, range(32 * (n + 1), 32 * (n + 2)))
                 fresh = [f"{key}-new{n}" for key in keys]
                 return {
                     "get": (lambda: backend.get(keys[0]), lambda r: r in (None, values[0])),
@@ -111,7 +95,7 @@ def _check_paused(service: LocalService, prefix: str) -> dict[str, float]:
             # Twice in a row: the second round meets a slot map reloaded after the failure.
             for _ in range(2):
                 for op, (call, ok) in calls(0).items():
-                    elapsed, result = _timed(call)
+                    elapsed, result = timed(call)
                     note(op, elapsed)
                     assert ok(result), (op, result)
 
@@ -120,7 +104,7 @@ def _check_paused(service: LocalService, prefix: str) -> dict[str, float]:
             def worker(n: int) -> None:
                 try:
                     for op, (call, ok) in calls(n).items():
-                        elapsed, result = _timed(call)
+                        elapsed, result = timed(call)
                         note(f"{THREADS} threads {op}", elapsed)
                         assert ok(result), (op, result)
                 except BaseException as exc:  # noqa: BLE001 - re-raised by the main thread
@@ -134,7 +118,7 @@ def _check_paused(service: LocalService, prefix: str) -> dict[str, float]:
             assert not failures, failures
         finally:
             service.resume()
-        assert bool((_raw(pool) == SENTINEL).all()), "a failed load wrote into the pool"
+        assert bool((pool_bytes(pool) == SENTINEL).all()), "a failed load wrote into the pool"
         # Recovery: the same instance serves again once the server answers.
         until = time.monotonic() + 30
         outs = [bytearray(2) for _ in keys]
@@ -246,7 +230,7 @@ def test_value_trickled_byte_by_byte_ends_at_the_deadline(trickling_server: int)
         with pytest.raises(BackendTimeoutError, match=r"deadline_s=1s"):
             bare.get("k")
         assert time.monotonic() - start <= 1.0 + SLACK_S
-        elapsed, hits = _timed(lambda: layered.batch_get(["a", "b"], [bytearray(4)] * 2))
+        elapsed, hits = timed(lambda: layered.batch_get(["a", "b"], [bytearray(4)] * 2))
         assert hits == [False, False] and elapsed <= 1.0 + SLACK_S
         assert bare.stats()["errors"] == {"timeout": 1}
     finally:
@@ -270,7 +254,7 @@ def test_deadline_covers_the_wait_for_a_pooled_connection(hung_standalone: Local
             times: list[float] = []
 
             def worker() -> None:
-                times.append(_timed(lambda: backend.get("k"))[0])
+                times.append(timed(lambda: backend.get("k"))[0])
 
             threads = [threading.Thread(target=worker) for _ in range(4)]
             for thread in threads:

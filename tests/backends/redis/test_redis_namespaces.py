@@ -7,7 +7,7 @@ nested ``tenant:sub`` alone. Standalone and cluster.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -17,21 +17,6 @@ from hicache_storage.conformance.provision import LocalService
 from hicache_storage.errors import ConfigError
 
 from .test_redis_backend import raw_client
-
-
-@pytest.fixture
-def make(redis_service: LocalService) -> Iterator[Callable[[str], StorageBackend]]:
-    built: list[StorageBackend] = []
-
-    def build(prefix: str) -> StorageBackend:
-        backend = create_backend("redis", {**redis_service.options, "prefix": prefix})
-        built.append(backend)
-        return backend
-
-    yield build
-    for backend in built:
-        backend.clear()
-        backend.close()
 
 
 @pytest.mark.parametrize(
@@ -48,7 +33,7 @@ def test_prefix_outside_the_namespace_rule_is_refused(prefix: str) -> None:
 def test_trailing_colon_names_the_same_objects(
     make: Callable[[str], StorageBackend], redis_service: LocalService
 ) -> None:
-    with_colon, without = make("ns-colon:"), make("ns-colon")
+    with_colon, without = make(prefix="ns-colon:"), make(prefix="ns-colon")
     assert with_colon.set("page", b"value")
     assert without.get("page") == b"value"
     assert without.stats()["prefix"] == with_colon.stats()["prefix"] == "ns-colon"
@@ -69,7 +54,7 @@ def test_prefixes_extending_each_other_never_share_or_clear(
     short: str,
     long: str,
 ) -> None:
-    a, b = make(short), make(long)
+    a, b = make(prefix=short), make(prefix=long)
     # Under the old rule (name = prefix + key) these two were one object.
     tail = long.rstrip(":")[len(short.rstrip(":")) :].lstrip(":")
     assert a.set(f"{tail}abc", b"from a") and b.set("abc", b"from b")
@@ -97,7 +82,7 @@ def test_prefixes_extending_each_other_never_share_or_clear(
 def test_clear_leaves_nested_namespaces(
     make: Callable[[str], StorageBackend], redis_service: LocalService
 ) -> None:
-    outer, inner, deeper = make("org"), make("org:team"), make("org:team:job")
+    outer, inner, deeper = make(prefix="org"), make(prefix="org:team"), make(prefix="org:team:job")
     for backend in (outer, inner, deeper):
         assert backend.batch_set(["k1", "k2"], [b"x", b"y"]) == [True, True]
     inner.clear()

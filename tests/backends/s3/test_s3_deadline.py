@@ -25,7 +25,7 @@ from hicache_storage.conformance.provision import LocalService
 from hicache_storage.errors import BackendTimeoutError, BackendUnavailableError
 from hicache_storage.hostpool import HostKVPool
 
-from ...helpers import make_pool
+from ...helpers import make_pool, page_indices, pool_bytes, timed
 from .fakes import FakeStore, Received, error_response, fake_store
 
 DEADLINE_S = 1.5
@@ -35,20 +35,6 @@ BOUND_S = DEADLINE_S + SLACK_S
 SENTINEL = 0xA5
 PAGES = 32
 THREADS = 8
-
-
-def _raw(pool: HostKVPool) -> torch.Tensor:
-    return pool.kv_buffer.view(-1).view(torch.uint8)
-
-
-def _indices(pool: HostKVPool, pages: range) -> list[int]:
-    return [p * pool.page_size + i for p in pages for i in range(pool.page_size)]
-
-
-def _timed(call: Callable[[], Any]) -> tuple[float, Any]:
-    start = time.monotonic()
-    result = call()
-    return time.monotonic() - start, result
 
 
 @pytest.fixture
@@ -86,15 +72,15 @@ def test_paused_gateway_every_call_misses_within_deadline(
     paused_options: dict[str, Any], gateway: LocalService
 ) -> None:
     source = make_pool("mha", "page_first", pages=PAGES)
-    _raw(source).copy_(torch.randint(0, 256, _raw(source).shape, dtype=torch.uint8))
+    pool_bytes(source).copy_(torch.randint(0, 256, pool_bytes(source).shape, dtype=torch.uint8))
     target = make_pool("mha", "page_first", pages=2 * PAGES)
     keys = [f"p{i}" for i in range(PAGES)]
     with create_backend("s3", paused_options) as backend:
         backend.register_host_pool(source)
-        assert backend.batch_set_v1(keys, _indices(source, range(PAGES))) == [True] * PAGES
+        assert backend.batch_set_v1(keys, page_indices(source, range(PAGES))) == [True] * PAGES
         assert backend.set("up", b"before the pause")
         backend.register_host_pool(target)
-        _raw(target).fill_(SENTINEL)
+        pool_bytes(target).fill_(SENTINEL)
         outs = [bytearray(b"\x5a" * 7) for _ in keys]
         calls: dict[str, tuple[Callable[[], object], object]] = {
             "get": (lambda: backend.get("up"), None),
@@ -108,12 +94,12 @@ def test_paused_gateway_every_call_misses_within_deadline(
             ),
             "batch_exists": (lambda: backend.batch_exists(keys), 0),
             "batch_get_v1": (
-                lambda: backend.batch_get_v1(keys, _indices(target, range(PAGES))),
+                lambda: backend.batch_get_v1(keys, page_indices(target, range(PAGES))),
                 [False] * PAGES,
             ),
             "batch_set_v1": (
                 lambda: backend.batch_set_v1(
-                    [f"v{i}" for i in range(PAGES)], _indices(target, range(PAGES))
+                    [f"v{i}" for i in range(PAGES)], page_indices(target, range(PAGES))
                 ),
                 [False] * PAGES,
             ),
@@ -122,12 +108,14 @@ def test_paused_gateway_every_call_misses_within_deadline(
         gateway.pause()
         took: dict[str, float] = {}
         for op, (call, miss) in calls.items():
-            took[op], result = _timed(call)
+            took[op], result = timed(call)
             assert result == miss, f"{op} returned {result!r} with the gateway paused"
         slow = {op: round(t, 2) for op, t in took.items() if t > BOUND_S}
         assert not slow, f"calls past deadline_s={DEADLINE_S} + {SLACK_S} s: {slow}"
         time.sleep(0.5)  # abandoned requests are still running: they must not write either
-        assert bool((_raw(target) == SENTINEL).all()), "a failed load wrote into the host pool"
+        assert bool((pool_bytes(target) == SENTINEL).all()), (
+            "a failed load wrote into the host pool"
+        )
         assert all(out == b"\x5a" * 7 for out in outs)
         stats = backend.stats()
         assert stats["degraded"]["total"] >= len(calls)
@@ -139,7 +127,8 @@ def test_paused_gateway_every_call_misses_within_deadline(
             time.sleep(0.1)
         assert backend.get("up") == b"before the pause"
         assert (
-            backend.batch_get_v1(keys, _indices(target, range(PAGES, 2 * PAGES))) == [True] * PAGES
+            backend.batch_get_v1(keys, page_indices(target, range(PAGES, 2 * PAGES)))
+            == [True] * PAGES
         )
         assert _same_pages(source, range(PAGES), target, range(PAGES, 2 * PAGES))
         for page in range(PAGES):  # the pages the paused calls were given: still untouched
@@ -155,9 +144,9 @@ def test_paused_gateway_threads_miss_within_deadline(
     keys = [f"t{i}" for i in range(PAGES)]
     with create_backend("s3", paused_options) as backend:
         backend.register_host_pool(source)
-        assert backend.batch_set_v1(keys, _indices(source, range(PAGES))) == [True] * PAGES
+        assert backend.batch_set_v1(keys, page_indices(source, range(PAGES))) == [True] * PAGES
         backend.register_host_pool(target)
-        _raw(target).fill_(SENTINEL)
+        pool_bytes(target).fill_(SENTINEL)
         gateway.pause()
         worst: list[float] = [0.0] * THREADS
         wrong: list[str] = []
@@ -165,11 +154,11 @@ def test_paused_gateway_threads_miss_within_deadline(
         def body(n: int) -> None:
             pages = range(n * PAGES, (n + 1) * PAGES)
             for call, miss in [
-                (lambda: backend.batch_get_v1(keys, _indices(target, pages)), [False] * PAGES),
+                (lambda: backend.batch_get_v1(keys, page_indices(target, pages)), [False] * PAGES),
                 (lambda: backend.batch_exists(keys), 0),
                 (lambda: backend.get(keys[n]), None),
             ]:
-                elapsed, result = _timed(call)
+                elapsed, result = timed(call)
                 worst[n] = max(worst[n], elapsed)
                 if result != miss:
                     wrong.append(f"thread {n}: {result!r}")
@@ -182,7 +171,9 @@ def test_paused_gateway_threads_miss_within_deadline(
         assert not wrong
         assert max(worst) <= BOUND_S, f"worst call per thread: {[round(w, 2) for w in worst]}"
         time.sleep(0.5)
-        assert bool((_raw(target) == SENTINEL).all()), "a failed load wrote into the host pool"
+        assert bool((pool_bytes(target) == SENTINEL).all()), (
+            "a failed load wrote into the host pool"
+        )
 
 
 # -- a scripted store: trickled bodies, slow uploads, endless errors ------------------------------
@@ -265,21 +256,23 @@ def test_trickled_body_never_reaches_buffer_after_the_call(
         pool = make_pool("mha", "layer_first", pages=3, page_size=PAGE_TOKENS)
         assert pool.get_data_page(0).numel() * 2 == SIZE, "one page must be the object's size"
         backend.register_host_pool(pool)
-        _raw(pool).fill_(SENTINEL)
+        pool_bytes(pool).fill_(SENTINEL)
         runs: dict[str, Callable[[], object]] = {
             "get_into": lambda: backend.get("k0", outs[0]),
             "batch_get": lambda: backend.batch_get(["k0", "k1", "k2"], outs),
             "batch_get_v1": lambda: backend.batch_get_v1(
-                ["k0", "k1", "k2"], _indices(pool, range(3))
+                ["k0", "k1", "k2"], page_indices(pool, range(3))
             ),
         }
-        elapsed, result = _timed(runs[call])
+        elapsed, result = timed(runs[call])
         assert result in (None, [False] * 3), result
         assert elapsed <= 1.0 + SLACK_S, f"{call} took {elapsed:.2f}s against a 1 s deadline"
-        after_return = [bytes(out) for out in outs], _raw(pool).clone()
+        after_return = [bytes(out) for out in outs], pool_bytes(pool).clone()
         _wait_bodies_sent(trickling_store, 1 if call == "get_into" else 3)
         assert [bytes(out) for out in outs] == after_return[0], "bytes landed after the call"
-        assert torch.equal(_raw(pool), after_return[1]), "bytes landed in the pool after the call"
+        assert torch.equal(pool_bytes(pool), after_return[1]), (
+            "bytes landed in the pool after the call"
+        )
         if call != "batch_get_v1":  # a page of 6 buffers may take whole buffers before then
             assert all(out == b"\x5a" * SIZE for out in outs)
 
@@ -323,7 +316,7 @@ def test_abandoned_write_sends_the_value_as_it_was() -> None:
         options = _options(store, deadline_s=0.3, read_timeout_s=1.0, conditional_put=True)
         with create_backend("s3", options) as backend:
             value = bytearray(b"A" * size)
-            elapsed, result = _timed(lambda: backend.set("k", value))
+            elapsed, result = timed(lambda: backend.set("k", value))
             value[:] = b"B" * size  # the caller reuses its buffer at once
             assert result is False and elapsed <= 0.3 + SLACK_S
             assert done.wait(15), "the abandoned upload never completed"
@@ -381,7 +374,7 @@ def test_close_does_not_wait_for_abandoned_requests(trickling_store: FakeStore) 
         with pytest.raises(BackendTimeoutError, match=r"deadline_s=0\.5"):
             backend.batch_get(["k0", "k1"], [bytearray(SIZE), bytearray(SIZE)])
     finally:
-        elapsed, _ = _timed(backend.close)
+        elapsed, _ = timed(backend.close)
     assert elapsed < 0.5, f"close() took {elapsed:.2f}s waiting for abandoned requests"
 
 
