@@ -13,18 +13,12 @@ import pytest
 
 from hicache_storage.conformance.report import load_report, run_suite
 
+from .broken_backends import all_bugs
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # broken backend -> the check (an id substring from conformance/suite.py) that must catch it
-CAUGHT_BY = {
-    "broken-truncate": "TestRoundTrip::test_roundtrip_get_matches_sha256",
-    "broken-prefix": "TestPrefix::test_batch_exists_stops_at_gap",
-    "broken-ignores-out": "TestRoundTrip::test_roundtrip_get_into_out_matches_sha256",
-    "broken-nonatomic": "TestConcurrency::test_reader_racing_writer_sees_none_or_whole",
-    "broken-zombie": "TestDelete::test_delete_existing_removes_key",
-    "broken-thread-leak": "TestLifecycle::test_no_thread_leak_after_open_use_close",
-    "broken-hang": "TestServerFaults::test_server_down_calls_miss_within_timeout",
-}
+CAUGHT_BY = {found.spec.name: found.caught_by for found in all_bugs()}
 
 # A per-check limit, so broken-hang's 30 s calls fail its checks after a few seconds.
 CHECK_TIMEOUT_S = 8

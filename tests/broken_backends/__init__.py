@@ -1,180 +1,56 @@
 """Deliberately wrong backends: the conformance suite must fail every one of them.
 
-Each is a small dictionary backend with exactly one bug. ``tests/test_teeth.py`` runs the suite
-against each and checks that the check meant to catch the bug is among the failures.
+Each backend has exactly one bug and names the check meant to catch it. The modules here group
+them by what they start from: ``dict_bugs`` (an in-memory dictionary), ``reference`` (a correct
+one-file-per-key backend written with :mod:`hicache_storage.kit`, the starting point of the
+file-based bugs) and one module per area of the contract. ``tests/test_teeth.py`` runs the
+suite against each and checks that its check is among the failures.
 """
 
 from __future__ import annotations
 
-import threading
-import time
-from typing import Any, ClassVar
+import importlib
+from dataclasses import dataclass
 
-import msgspec
-from typing_extensions import Buffer
+from hicache_storage import BackendSpec, Capabilities
 
-from hicache_storage import BackendUnavailableError, Capabilities, Deployment
-from hicache_storage.backends.memory import MemoryBackend
-from hicache_storage.buffers import as_readable
+__all__ = ["MODULES", "Bug", "all_bugs", "bug"]
 
-__all__ = [
-    "BrokenConfig",
-    "DictBackend",
-    "HangsWhenDown",
-    "IgnoresOut",
-    "Leaks",
-    "NonAtomic",
-    "TotalNotPrefix",
-    "Truncates",
-    "Zombie",
-]
-
-# One dictionary per store name, shared by every instance that names it (what "reopen" opens).
-_STORES: dict[str, dict[str, bytes]] = {}
-_STORES_LOCK = threading.Lock()
+MODULES = ("dict_bugs",)
+"""The modules that declare ``BUGS``; the plugin registers every one of them."""
 
 
-class BrokenConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Options of every broken backend.
+@dataclass(frozen=True)
+class Bug:
+    """A broken backend and the check (an id substring of the suite) that must catch it."""
 
-    Attributes
-    ----------
-    store
-        Name of an in-process store shared by instances that name it; empty gives each instance
-        a private one.
-    """
-
-    store: str = ""
+    spec: BackendSpec
+    caught_by: str
 
 
-class DictBackend(MemoryBackend):
-    """The correct reference backend, optionally over a named shared store; subclasses break it."""
-
-    name = "broken-base"
-    capabilities = Capabilities(delete=True)
-
-    def __init__(
-        self, config: BrokenConfig | None = None, deployment: Deployment | None = None
-    ) -> None:
-        super().__init__()
-        store = (config or BrokenConfig()).store
-        if store:
-            with _STORES_LOCK:
-                self._data = _STORES.setdefault(store, {})
-
-    def _lookup(self, key: str) -> bytes | None:
-        with self._lock:
-            return self._data.get(key)
-
-    def _close(self) -> None:
-        """Keep the data: a named store outlives its instances (persistence across reopen)."""
+def bug(
+    name: str,
+    factory: str,
+    description: str,
+    caught_by: str,
+    *,
+    config: str = "tests.broken_backends.dict_bugs:BrokenConfig",
+    capabilities: Capabilities | None = None,
+) -> Bug:
+    """Declare broken backend ``name`` built by ``factory`` (``module:Class``)."""
+    spec = BackendSpec(
+        name=name,
+        factory=factory,
+        config=config,
+        capabilities=capabilities if capabilities is not None else Capabilities(delete=True),
+        description=description,
+    )
+    return Bug(spec, caught_by)
 
 
-class Truncates(DictBackend):
-    """Bug: values over 64 KiB lose their tail."""
-
-    name = "broken-truncate"
-    LIMIT: ClassVar[int] = 64 * 1024
-
-    def set(self, key: str, value: Buffer) -> bool:
-        return super().set(key, bytes(as_readable(value))[: self.LIMIT])
-
-
-class TotalNotPrefix(DictBackend):
-    """Bug: ``batch_exists`` counts every hit instead of the leading run."""
-
-    name = "broken-prefix"
-
-    def batch_exists(self, keys: Any) -> int:
-        return sum(self.exists(key) for key in keys)
-
-
-class IgnoresOut(DictBackend):
-    """Bug: ``get(key, out)`` returns the value but never writes it into ``out``."""
-
-    name = "broken-ignores-out"
-
-    def get(self, key: str, out: Buffer | None = None) -> Buffer | None:
-        return self._lookup(key)
-
-
-class NonAtomic(DictBackend):
-    """Bug: ``set`` publishes the entry at once and fills it in chunks: readers see partial data."""
-
-    name = "broken-nonatomic"
-    CHUNKS: ClassVar[int] = 8
-
-    def set(self, key: str, value: Buffer) -> bool:
-        data = bytes(as_readable(value))
-        with self._lock:
-            if key in self._data:
-                return True
-            self._data[key] = b""
-        step = max(1, -(-len(data) // self.CHUNKS))
-        for end in range(step, len(data) + step, step):
-            with self._lock:
-                self._data[key] = data[:end]
-            time.sleep(0.001)
-        return True
-
-
-class Zombie(DictBackend):
-    """Bug: ``delete`` says it removed the key, but the key keeps being served."""
-
-    name = "broken-zombie"
-
-    def delete(self, key: str) -> bool:
-        return self.exists(key)
-
-
-class Leaks(DictBackend):
-    """Bug: every call starts a thread that outlives ``close()``."""
-
-    name = "broken-thread-leak"
-
-    def _spawn(self) -> None:
-        threading.Thread(target=time.sleep, args=(60,), daemon=True, name="broken-leak").start()
-
-    def get(self, key: str, out: Buffer | None = None) -> Buffer | None:
-        self._spawn()
-        return super().get(key, out)
-
-    def exists(self, key: str) -> bool:
-        self._spawn()
-        return super().exists(key)
-
-    def set(self, key: str, value: Buffer) -> bool:
-        self._spawn()
-        return super().set(key, value)
-
-
-class HangsWhenDown(DictBackend):
-    """Bug: while its server is stopped, every call blocks for 30 s instead of failing fast.
-
-    The "server" is a process-wide flag the suite flips through :mod:`.plugin`'s server-control
-    hook; a correct backend would raise ``BackendUnavailableError`` at once.
-    """
-
-    name = "broken-hang"
-    HANG_S: ClassVar[float] = 30.0
-    server_up: ClassVar[threading.Event] = threading.Event()
-
-    def _call(self) -> None:
-        # Wait for the server to come back, up to HANG_S; only then admit it is down.
-        if not self.server_up.is_set() and not self.server_up.wait(self.HANG_S):
-            raise BackendUnavailableError("broken-hang: server is down")
-
-    def get(self, key: str, out: Buffer | None = None) -> Buffer | None:
-        self._call()
-        return super().get(key, out)
-
-    def exists(self, key: str) -> bool:
-        self._call()
-        return super().exists(key)
-
-    def set(self, key: str, value: Buffer) -> bool:
-        self._call()
-        return super().set(key, value)
-
-
-HangsWhenDown.server_up.set()
+def all_bugs() -> list[Bug]:
+    """Return the bugs every module in :data:`MODULES` declares."""
+    found: list[Bug] = []
+    for module in MODULES:
+        found.extend(importlib.import_module(f"{__name__}.{module}").BUGS)
+    return found

@@ -12,39 +12,16 @@ from typing import Any
 
 import pytest
 
-from hicache_storage import BackendSpec, Capabilities, hookimpl, register_plugin, unregister_plugin
+from hicache_storage import BackendSpec, hookimpl, register_plugin, unregister_plugin
 
-from . import HangsWhenDown
-
-_MODULE = "tests.broken_backends"
-_CONFIG = f"{_MODULE}:BrokenConfig"
-
-
-def _spec(name: str, cls: str, description: str) -> BackendSpec:
-    return BackendSpec(
-        name=name,
-        factory=f"{_MODULE}:{cls}",
-        config=_CONFIG,
-        capabilities=Capabilities(delete=True),  # what DictBackend claims
-        description=description,
-    )
-
-
-SPECS = [
-    _spec("broken-truncate", "Truncates", "truncates values over 64 KiB"),
-    _spec("broken-prefix", "TotalNotPrefix", "batch_exists counts every hit"),
-    _spec("broken-ignores-out", "IgnoresOut", "get(key, out) leaves out untouched"),
-    _spec("broken-nonatomic", "NonAtomic", "set publishes before the value is whole"),
-    _spec("broken-zombie", "Zombie", "delete says yes but the key stays"),
-    _spec("broken-thread-leak", "Leaks", "every call starts a thread that outlives close()"),
-    _spec("broken-hang", "HangsWhenDown", "blocks 30 s per call while its server is down"),
-]
+from . import all_bugs
+from .dict_bugs import HangsWhenDown
 
 
 @hookimpl
 def hicache_backends() -> list[BackendSpec]:
     """Provide the broken backends."""
-    return list(SPECS)
+    return [found.spec for found in all_bugs()]
 
 
 class HangServer:
