@@ -40,6 +40,7 @@ from .config import Deployment, convert, read_source
 from .errors import ConfigError, HiCacheError, UnsupportedOperationError
 from .factory import create_backend
 from .keys import page_hashes
+from .kit.baseline import V1_CALLS
 from .registry import get_spec
 
 __all__ = [
@@ -558,7 +559,6 @@ V1_TOKENS = 16
 _V1_UNIT = 2 * V1_LAYERS * V1_TOKENS * 2
 """A v1 page is an MHA page of V1_TOKENS tokens, V1_LAYERS layers, one bf16 head: page sizes
 must be multiples of this many bytes (the head dimension makes up the rest)."""
-_V1_CALLS = ("register_host_pool", "batch_write_v1", "batch_read_v1")
 
 
 def _v1_pool(page_size: int, pages: int, layout: str) -> Any:
@@ -628,7 +628,7 @@ def _bench_page_size_v1(
     try:
         if baseline_type is not None:
             baseline = baseline_type(options, Deployment())
-            if not all(hasattr(baseline, call) for call in _V1_CALLS):
+            if not all(hasattr(baseline, call) for call in V1_CALLS):
                 raise ConfigError(f"the raw baseline of {name!r} has no v1 mode")
             baseline.register_host_pool(pool)
         backend.register_host_pool(pool)

@@ -32,13 +32,8 @@ Capacity
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import hashlib
 import logging
 import os
-import re
-import secrets
 import stat
 import threading
 import time
@@ -52,15 +47,19 @@ from hicache_storage.backend import StorageBackend
 from hicache_storage.buffers import as_readable, as_writable
 from hicache_storage.capabilities import Capabilities
 from hicache_storage.config import Deployment
-from hicache_storage.errors import (
-    BackendClosedError,
-    BackendIOError,
-    BufferSizeError,
-    InvalidKeyError,
-)
+from hicache_storage.errors import BufferSizeError, HiCacheError, InvalidKeyError
 from hicache_storage.integrity import RECORD_BYTES, seal, verify
 from hicache_storage.keys.validation import validate_key
-from hicache_storage.vectored import flat, read_into, write_from
+from hicache_storage.kit import (
+    AtomicFiles,
+    ErrorMap,
+    FanoutPaths,
+    MediumFaults,
+    closed_guard,
+    flat,
+    is_temp,
+    read_into,
+)
 
 from .config import FileConfig
 from .evictor import LRUCapacity
@@ -75,25 +74,8 @@ logger = logging.getLogger(__name__)
 BASELINE_DIR = ".raw-baseline"
 """Directory under ``root`` reserved for :class:`~.baseline.RawDiskBaseline`; never scanned."""
 
-_TEMP_MARK = ".tmp."
-_WRITE_FLAGS = os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
 _READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
-# Errors of link() that mean "this filesystem cannot hard-link", not "this write failed".
-_NO_LINK = frozenset(
-    code
-    for code in (
-        errno.EPERM,
-        getattr(errno, "ENOTSUP", None),
-        getattr(errno, "EOPNOTSUPP", None),
-        errno.EXDEV,
-        getattr(errno, "ENOSYS", None),
-    )
-    if code is not None
-)
 _MISSING = (FileNotFoundError, NotADirectoryError)
-_blake2b = hashlib.blake2b
-_FANOUT_DIR = re.compile(r"[0-9a-f]{2}")
 _META_LIMIT = 1 << 18
 """Most entries the metadata cache keeps; the oldest insertion is dropped beyond it."""
 
@@ -114,17 +96,11 @@ def _read_bytes(fd: int, size: int) -> bytes | None:
     return b"".join(parts)
 
 
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, _DIR_FLAGS)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+_ERRORS = ErrorMap("file backend")
 
 
-def _io_error(what: str, exc: OSError) -> BackendIOError:
-    message = f"file backend could not {what}: {exc.strerror or exc}"
-    return BackendIOError(exc.errno, message) if exc.errno is not None else BackendIOError(message)
+def _io_error(what: str, exc: OSError) -> HiCacheError:
+    return _ERRORS.translate(exc, what)
 
 
 def _is_key(name: str) -> bool:
@@ -135,14 +111,11 @@ def _is_key(name: str) -> bool:
     return True
 
 
-def _is_temp(name: str) -> bool:
-    return name.startswith(".") and _TEMP_MARK in name
-
-
 def _owns_everything(key: str) -> bool:
     return True
 
 
+@closed_guard
 class FileBackend(StorageBackend):
     """Stores each key as one file under ``config.root``; see the module docstring.
 
@@ -167,7 +140,10 @@ class FileBackend(StorageBackend):
         self.config = config
         self.deployment = deployment if deployment is not None else Deployment()
         self.root = os.path.abspath(os.path.expanduser(config.root))
-        self._prefix = os.path.join(self.root, "")
+        self._paths = FanoutPaths(self.root, fanout=config.fanout)
+        self._files = AtomicFiles(fsync=config.fsync)
+        self.medium_faults = MediumFaults()
+        """The suite's fault hook: each disk operation checks it first (see the kit)."""
         self.capabilities = Capabilities(
             persistent=True,
             shared=True,
@@ -179,13 +155,10 @@ class FileBackend(StorageBackend):
         self._owns: Callable[[str], bool] = (
             self.deployment.scheme().owns if config.ownership == "rank" else _owns_everything
         )
-        self._fsync = config.fsync
-        self._fanout = config.fanout
         self._meta_on = config.metadata_cache and config.metadata_ttl_s > 0
         self._meta_ttl = config.metadata_ttl_s
         self._meta: dict[str, tuple[int, float]] = {}
         self._meta_lock = threading.Lock()
-        self._dirs: set[str] = set()
         self._capacity = LRUCapacity(config.max_bytes, config.low_watermark, self._evict_file)
         self._record = RECORD_BYTES if config.integrity else 0
         self._failures: Counter[str] = Counter()
@@ -193,7 +166,6 @@ class FileBackend(StorageBackend):
             os.makedirs(self.root, exist_ok=True)
         except OSError as exc:
             raise _io_error(f"create root directory {self.root!r}", exc) from exc
-        self._dirs.add(self.root)
         self._scan()
 
     # -- the contract ---------------------------------------------------------------------------
@@ -208,7 +180,6 @@ class FileBackend(StorageBackend):
         BackendIOError
             If the file exists but cannot be read.
         """
-        self._check_open()
         dst = None if out is None else as_writable(out)
         path = self._path(key)
         fd = self._open(path, key)
@@ -244,7 +215,6 @@ class FileBackend(StorageBackend):
 
     def exists(self, key: str) -> bool:
         """Return whether ``key`` holds a value (the metadata cache first, then ``stat``)."""
-        self._check_open()
         return self._cached(key) or self._stat(key)
 
     def set(self, key: str, value: Buffer) -> bool:
@@ -257,13 +227,11 @@ class FileBackend(StorageBackend):
         BackendIOError
             If the write failed (disk full, I/O error); nothing is left under the key.
         """
-        self._check_open()
         view = as_readable(value)
         return self._store(key, [view])
 
     def batch_exists(self, keys: Sequence[str]) -> int:
         """Return the length of the leading run of keys that exist."""
-        self._check_open()
         count = 0
         if self._meta_on:
             now = time.monotonic()
@@ -288,7 +256,6 @@ class FileBackend(StorageBackend):
 
         An object whose size differs from a page is a miss and its page is left untouched.
         """
-        self._check_open()
         pages = self.page_views(keys, host_indices)
         return [
             self._load_page(key, [flat(view) for view in views])
@@ -299,7 +266,6 @@ class FileBackend(StorageBackend):
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
         """Write each key's page of the host pool as one object, gathering its buffers."""
-        self._check_open()
         pages = self.page_views(keys, host_indices)
         results = []
         for key, views in zip(keys, pages, strict=True):
@@ -310,9 +276,9 @@ class FileBackend(StorageBackend):
 
     def delete(self, key: str) -> bool:
         """Remove ``key``; return whether it existed."""
-        self._check_open()
         path = self._path(key)
         try:
+            self.medium_faults.check("delete")
             os.unlink(path)
         except _MISSING:
             existed = False
@@ -330,7 +296,6 @@ class FileBackend(StorageBackend):
         Temporary files of writes in flight, other ranks' objects and files whose names are not
         keys are left alone.
         """
-        self._check_open()
         indexed = self._capacity.keys()
         removed: set[str] = set()
         for directory, entry in self._entries():
@@ -372,47 +337,25 @@ class FileBackend(StorageBackend):
     def _close(self) -> None:
         with self._meta_lock:
             self._meta.clear()
-        self._dirs.clear()
+        self._files.forget_dirs()
 
     # -- paths ----------------------------------------------------------------------------------
 
     def _dir_of(self, key: str) -> str:
-        if not self._fanout:
-            return self.root
-        digest = _blake2b(key.encode(), digest_size=2).hexdigest()
-        return f"{self._prefix}{digest[:2]}{os.sep}{digest[2:]}"
+        return self._paths.directory(key)
 
     def path_of(self, key: str) -> str:
         """Return the path of the file that holds (or would hold) ``key``."""
-        return self._path(key)
+        return self._paths.path(key)
 
     def _path(self, key: str) -> str:
-        return f"{self._dir_of(key)}{os.sep}{key}"
-
-    def _ensure_dir(self, directory: str) -> None:
-        if directory in self._dirs:
-            return
-        parent = os.path.dirname(directory)
-        if parent != self.root and parent not in self._dirs:
-            self._make_dir(parent)
-        self._make_dir(directory)
-
-    def _make_dir(self, directory: str) -> None:
-        try:
-            os.mkdir(directory)
-        except FileExistsError:
-            pass
-        except FileNotFoundError:  # root removed from under us: rebuild the path
-            os.makedirs(directory, exist_ok=True)
-        else:
-            if self._fsync:
-                _fsync_dir(os.path.dirname(directory))
-        self._dirs.add(directory)
+        return self._paths.path(key)
 
     # -- reading --------------------------------------------------------------------------------
 
     def _open(self, path: str, key: str) -> int | None:
         try:
+            self.medium_faults.check("read")
             return os.open(path, _READ_FLAGS)
         except _MISSING:
             self._forget_meta(key)
@@ -478,6 +421,7 @@ class FileBackend(StorageBackend):
 
     def _stat(self, key: str) -> bool:
         try:
+            self.medium_faults.check("stat")
             info = os.stat(self._path(key))
         except _MISSING:
             return False
@@ -515,58 +459,15 @@ class FileBackend(StorageBackend):
 
     def _write(self, key: str, path: str, views: list[memoryview]) -> bool:
         """Write a temporary file and link it to ``path``; return False if ``path`` existed."""
-        directory = os.path.dirname(path)
-        temp = os.path.join(directory, f".{key}{_TEMP_MARK}{os.getpid()}.{secrets.token_hex(6)}")
         try:
-            self._ensure_dir(directory)
-            try:
-                fd = os.open(temp, _WRITE_FLAGS, 0o644)
-            except FileNotFoundError:  # the directory was removed behind our cache
-                self._dirs.discard(directory)
-                self._ensure_dir(directory)
-                fd = os.open(temp, _WRITE_FLAGS, 0o644)
+            self.medium_faults.check("write")
+            return self._files.write(path, views, self._paths.temp_path(key))
         except OSError as exc:
-            raise _io_error(f"create a temporary file for {key!r} in {directory!r}", exc) from exc
-        try:
-            try:
-                write_from(fd, views)
-                if self._fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            published = self._publish(temp, path)
-            if published and self._fsync:
-                _fsync_dir(directory)
-        except OSError as exc:
-            self._discard(temp)
             raise _io_error(f"write {key!r}", exc) from exc
-        except BaseException:
-            self._discard(temp)
-            raise
-        self._discard(temp)
-        return published
-
-    @staticmethod
-    def _publish(temp: str, path: str) -> bool:
-        """Make ``temp`` visible as ``path`` unless ``path`` exists; return whether it did."""
-        try:
-            os.link(temp, path)
-        except FileExistsError:
-            return False
-        except OSError as exc:
-            if exc.errno not in _NO_LINK:
-                raise
-        else:
-            return True
-        if os.path.lexists(path):
-            return False
-        os.rename(temp, path)
-        return True
 
     @staticmethod
     def _discard(path: str) -> None:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        AtomicFiles.discard(path)
 
     def _evict_file(self, key: str) -> None:
         """Remove an evicted object (the capacity index's callback)."""
@@ -610,14 +511,11 @@ class FileBackend(StorageBackend):
 
     def _object_dirs(self) -> Iterator[str]:
         """Yield the directories that may hold objects under the configured layout."""
-        if not self._fanout:
+        if not self._paths.fanout:
             yield self.root
             return
         for first in self._subdirs(self.root):
-            for second in self._subdirs(first):
-                self._dirs.add(first)
-                self._dirs.add(second)
-                yield second
+            yield from self._subdirs(first)
 
     @staticmethod
     def _subdirs(directory: str) -> list[str]:
@@ -626,7 +524,7 @@ class FileBackend(StorageBackend):
                 return sorted(
                     entry.path
                     for entry in entries
-                    if _FANOUT_DIR.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)
+                    if FanoutPaths.is_fanout_dir(entry.name) and entry.is_dir(follow_symlinks=False)
                 )
         except _MISSING:
             return []
@@ -634,6 +532,7 @@ class FileBackend(StorageBackend):
     def _entries(self) -> Iterator[tuple[str, os.DirEntry[str]]]:
         """Yield ``(directory, entry)`` for every regular file in the object directories."""
         try:
+            self.medium_faults.check("list")
             for directory in self._object_dirs():
                 try:
                     with os.scandir(directory) as entries:
@@ -656,7 +555,7 @@ class FileBackend(StorageBackend):
                 info = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            if _is_temp(name):
+            if is_temp(name):
                 if now - info.st_mtime > self.config.stale_temp_s:
                     self._discard(entry.path)
                     stale += 1
@@ -680,10 +579,6 @@ class FileBackend(StorageBackend):
                 stale,
                 evicted,
             )
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise BackendClosedError(f"file backend at {self.root!r} is closed; create a new one")
 
     def __repr__(self) -> str:
         state = " closed" if self._closed else ""
