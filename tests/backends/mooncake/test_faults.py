@@ -176,11 +176,14 @@ def test_backend_built_while_master_paused_fails_in_time(store: Store) -> None:
 
 
 def test_paused_holder_loads_miss_within_the_transfer_bound(store: Store) -> None:
-    """SIGSTOP the segment holder: transfers give up, no failed load writes into the pool.
+    """SIGSTOP the segment holder: every call returns in time, and never with wrong bytes.
 
     A transfer to a silent peer fails after ``transfer_s`` without progress; the library runs
     four per peer at a time and does not abandon the queued ones, so a request waits about
     ``2 * transfer_s`` per four buffers (docs/backends/mooncake.md, "Failure behaviour").
+    On one host the library may also reach the holder's segment without the holder's help
+    (seen once in a loaded CI run: a hit while the holder was stopped), so a hit is accepted
+    when its bytes are the stored ones; a miss must leave its page untouched.
     """
     deadline = 2.0
     transfer_s = Timeouts.split(deadline).transfer_s
@@ -189,36 +192,58 @@ def test_paused_holder_loads_miss_within_the_transfer_bound(store: Store) -> Non
     )  # two buffers per page
     options = {"master": store.address, "deadline_s": deadline, "prefix": secrets.token_hex(4)}
     keys = ["h0", "h1"]
+    value = secrets.token_bytes(5000)
     with create_backend("mooncake", options) as backend:
         backend.register_host_pool(pool)
         pool_bytes(pool).copy_(torch.randint(0, 256, pool_bytes(pool).shape, dtype=torch.uint8))
+        stored = [page.clone() for page in _pages(pool, [0, 1])]
         assert backend.batch_set_v1(keys, page_indices(pool, [0, 1])) == [True] * 2
-        assert backend.set("value", b"v" * 5000)
+        assert backend.set("value", value)
         store.signal(store.holder, signal.SIGSTOP)
         try:
             pool_bytes(pool).fill_(SENTINEL)
             out = bytearray(5000)
-            took = _timed(
-                {
-                    "batch_get_v1": (
-                        lambda: backend.batch_get_v1(keys, page_indices(pool, [0, 1])),
-                        [False] * 2,
-                    ),
-                    "get_into": (lambda: backend.get("value", out), None),
-                    "batch_set_v1": (
-                        lambda: backend.batch_set_v1(["w0"], page_indices(pool, [5])),
-                        [False],
-                    ),
-                }
-            )
-            assert bool((pool_bytes(pool) == SENTINEL).all()), "a failed load wrote into the pool"
-            assert out == bytearray(5000)
+            took: dict[str, float] = {}
+            start = time.monotonic()
+            hits = backend.batch_get_v1(keys, page_indices(pool, [0, 1]))
+            took["batch_get_v1"] = time.monotonic() - start
+            start = time.monotonic()
+            got = backend.get("value", out)
+            took["get_into"] = time.monotonic() - start
+            start = time.monotonic()
+            written = backend.batch_set_v1(["w0"], page_indices(pool, [5]))
+            took["batch_set_v1"] = time.monotonic() - start
+            _check_loads(pool, hits, stored, "while paused")
+            assert out == (value if got is not None else bytearray(5000)), "get_into: wrong bytes"
         finally:
             store.signal(store.holder, signal.SIGCONT)
         time.sleep(0.5)  # a late write from a given-up transfer would land now
-        assert bool((pool_bytes(pool) == SENTINEL).all()), "a failed load wrote into the pool later"
+        _check_loads(pool, hits, stored, "after SIGCONT")
         print(f"deadline {deadline:g}s, holder paused:", {k: round(v, 2) for k, v in took.items()})
+        print("hits while paused:", hits, got is not None, written)
         assert max(took.values()) <= 2 * transfer_s + SLACK_S, took  # at most 4 buffers each
-        assert backend.stats()["errors"].get("TRANSFER_FAIL", 0) >= 1
+        if not all(hits) or got is None:
+            assert backend.stats()["errors"].get("TRANSFER_FAIL", 0) >= 1
         _recovers(backend, "after", 5 * deadline)
         assert backend.batch_get_v1(keys, page_indices(pool, [0, 1])) == [True] * 2
+        _check_loads(pool, [True, True], stored, "after the pause")
+
+
+def _pages(pool: MHAHostPool, pages: list[int]) -> list[torch.Tensor]:
+    """Return each page's bytes, in object order, as one tensor per page."""
+    return [
+        torch.cat([torch.frombuffer(view, dtype=torch.uint8) for view in views])
+        for views in pool.page_buffer_views(page_indices(pool, pages))
+    ]
+
+
+def _check_loads(
+    pool: MHAHostPool, hits: list[bool], stored: list[torch.Tensor], when: str
+) -> None:
+    """A hit's page holds the stored bytes; a miss's page is untouched (all SENTINEL)."""
+    for page, (hit, expected) in enumerate(zip(hits, stored, strict=True)):
+        got = _pages(pool, [page])[0]
+        if hit:
+            assert torch.equal(got, expected), f"page {page}: a hit with wrong bytes ({when})"
+        else:
+            assert bool((got == SENTINEL).all()), f"page {page}: a failed load wrote ({when})"
