@@ -3,10 +3,12 @@
 ``pytest --hicache-backend file --hicache-config '{"root": "/tmp/kv"}'`` collects the conformance
 suite (and nothing else, unless test paths are given) against that backend. Options:
 
-``--hicache-backend NAME``   the registered backend under test; provides ``hicache_factory``.
-``--hicache-config SOURCE``  its options: JSON or ``@path``.
-``--hicache-report DIR``     write ``DIR/report.json`` and ``DIR/report.md``.
-``--hicache-profile NAME``   hypothesis profile of the model-based check: ``ci`` or ``nightly``.
+--hicache-backend NAME   the registered backend under test; provides ``hicache_factory``.
+--hicache-config SOURCE  its options: JSON or ``@path``.
+--hicache-report DIR     write ``DIR/report.json`` and ``DIR/report.md``.
+--hicache-profile NAME   hypothesis profile of the model-based check: ``ci`` or ``nightly``.
+--hicache-progress FILE  append one JSON line per collected, started and finished check
+                         (what ``hicache check`` draws its progress bar from).
 
 Importing this module is cheap: backends, torch and the suite load only when they are used.
 """
@@ -14,13 +16,13 @@ Importing this module is cheap: backends, torch and the suite load only when the
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import pytest
 
 if TYPE_CHECKING:
     from hicache_storage.conformance.factory import BackendFactory
-    from hicache_storage.conformance.report import CheckResult
+    from hicache_storage.conformance.report import CheckResult, Outcome, ProgressEvent
 
 __all__ = [
     "hicache_factory",
@@ -74,6 +76,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=("ci", "nightly"),
         help="hypothesis profile of the model-based check (default: ci)",
     )
+    group.addoption(
+        "--hicache-progress",
+        dest="hicache_progress",
+        default=None,
+        metavar="FILE",
+        help="append one JSON line per collected, started and finished check to FILE",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -87,6 +96,9 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args[:] = [suite_path()]
     if config.getoption("hicache_report", default=None):
         config.pluginmanager.register(_Recorder(config), "hicache-report-recorder")
+    progress = config.getoption("hicache_progress", default=None)
+    if progress:
+        config.pluginmanager.register(_Progress(str(progress)), "hicache-progress")
 
 
 @pytest.fixture(scope="session")
@@ -128,11 +140,37 @@ def _skip_reason(report: pytest.TestReport) -> str:
     return message.removeprefix("Skipped: ")
 
 
-def _first_line(report: pytest.TestReport) -> str:
+def _failed_statement(report: pytest.TestReport) -> str | None:
+    """Return the source line pytest marks with ``>`` in the innermost frame, if any."""
+    traceback = getattr(report.longrepr, "reprtraceback", None)
+    entries = getattr(traceback, "reprentries", None)
+    if not entries:
+        return None
+    lines = getattr(entries[-1], "lines", None) or []
+    marked = [str(line)[1:].strip() for line in lines if str(line).startswith(">")]
+    return marked[-1] if marked else None
+
+
+def _failure(report: pytest.TestReport) -> str:
+    """Return what failed, in one line (see :func:`~.report.failure_message`)."""
+    from hicache_storage.conformance.report import failure_message
+
     crash = getattr(report.longrepr, "reprcrash", None)
     text = getattr(crash, "message", None) or str(report.longrepr)
-    lines = [line for line in str(text).splitlines() if line.strip()]
-    return lines[0] if lines else ""
+    return failure_message(str(text), _failed_statement(report))
+
+
+def _outcome(report: pytest.TestReport, current: Outcome) -> Outcome:
+    """Fold one phase's report into the check's outcome so far (a failed setup is an error)."""
+    if report.when == "call":
+        if report.skipped:
+            return "skipped"
+        return "failed" if report.failed else current
+    if report.skipped and report.when == "setup":
+        return "skipped"
+    if report.failed and current not in ("failed", "error"):
+        return "error"
+    return current
 
 
 class _Recorder:
@@ -161,15 +199,13 @@ class _Recorder:
                 requires=list(self.requires.get(report.nodeid, [])),
             )
         row.duration_s += report.duration
-        if report.when == "call":
-            if report.skipped:
-                row.outcome, row.skip_reason = "skipped", _skip_reason(report)
-            elif report.failed:
-                row.outcome, row.message = "failed", _first_line(report)
-        elif report.skipped and report.when == "setup":
-            row.outcome, row.skip_reason = "skipped", _skip_reason(report)
-        elif report.failed and row.outcome not in ("failed", "error"):
-            row.outcome, row.message = "error", _first_line(report)
+        outcome = _outcome(report, row.outcome)
+        if outcome != row.outcome:
+            row.outcome = outcome
+            if outcome == "skipped":
+                row.skip_reason = _skip_reason(report)
+            else:
+                row.message = _failure(report)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -186,6 +222,46 @@ class _Recorder:
         if name:
             _describe(report, str(name), self.config.getoption("hicache_config"))
         write_report(report, self.config.getoption("hicache_report"))
+
+
+class _Progress:
+    """Appends one :data:`~.report.ProgressEvent` per JSON line to a file as the run goes."""
+
+    def __init__(self, path: str) -> None:
+        self.stream: IO[bytes] = open(path, "ab", buffering=0)  # noqa: SIM115 - closed at unconfigure
+        self.outcomes: dict[str, Outcome] = {}
+
+    def _write(self, event: ProgressEvent) -> None:
+        import msgspec
+
+        self.stream.write(msgspec.json.encode(event) + b"\n")
+
+    @pytest.hookimpl
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        from hicache_storage.conformance.report import Collected
+
+        self._write(Collected(total=len(session.items)))
+
+    @pytest.hookimpl
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        from hicache_storage.conformance.report import Started
+
+        self._write(Started(id=_check_id(nodeid)))
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.outcomes[report.nodeid] = _outcome(report, self.outcomes.get(report.nodeid, "passed"))
+
+    @pytest.hookimpl
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        from hicache_storage.conformance.report import Finished
+
+        outcome = self.outcomes.pop(nodeid, "passed")
+        self._write(Finished(id=_check_id(nodeid), outcome=outcome))
+
+    @pytest.hookimpl
+    def pytest_unconfigure(self) -> None:
+        self.stream.close()
 
 
 def _describe(report: Any, name: str, source: Any) -> None:

@@ -1,27 +1,46 @@
 """The conformance report: one row per check, written as ``report.json`` and ``report.md``.
 
 :func:`run_suite` runs the suite against a backend in a subprocess (so the caller's own pytest
-configuration does not interfere) and :func:`load_report` reads what it wrote.
+configuration does not interfere) and :func:`load_report` reads what it wrote. While it runs, the
+suite's plugin writes one :data:`ProgressEvent` per JSON line to a progress file that
+:func:`run_suite` follows for its ``progress`` callback.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 import msgspec
 
 from hicache_storage.redact import redact_options, redact_text, secrets_in
 
-__all__ = ["CheckResult", "Report", "load_report", "redacted", "run_suite", "write_report"]
+__all__ = [
+    "CheckResult",
+    "Collected",
+    "Finished",
+    "ProgressEvent",
+    "Report",
+    "Started",
+    "failure_message",
+    "load_report",
+    "redacted",
+    "run_suite",
+    "summarize",
+    "write_report",
+]
 
 Outcome = Literal["passed", "failed", "skipped", "error"]
+
+_POLL_S = 0.1
+"""How often :func:`run_suite` reads new progress lines while the suite runs."""
 
 
 class CheckResult(msgspec.Struct, kw_only=True):
@@ -52,6 +71,98 @@ class Report(msgspec.Struct, kw_only=True):
     def failures(self) -> list[CheckResult]:
         """Return the checks that failed or errored."""
         return [c for c in self.checks if c.outcome in ("failed", "error")]
+
+
+class Collected(msgspec.Struct, tag="collected"):
+    """The suite has collected ``total`` checks."""
+
+    total: int
+
+
+class Started(msgspec.Struct, tag="started"):
+    """Check ``id`` (``Class::test[param]``) has started."""
+
+    id: str
+
+
+class Finished(msgspec.Struct, tag="finished"):
+    """Check ``id`` has finished with ``outcome``."""
+
+    id: str
+    outcome: Outcome
+
+
+ProgressEvent = Collected | Started | Finished
+"""One line of the progress channel between the suite's plugin and :func:`run_suite`."""
+
+
+def summarize(totals: Mapping[str, int]) -> str:
+    """Return ``"171 passed, 0 failed, 5 errored, 16 skipped"`` (errored only when some did)."""
+    parts = [f"{totals.get('passed', 0)} passed", f"{totals.get('failed', 0)} failed"]
+    if totals.get("error", 0):
+        parts.append(f"{totals['error']} errored")
+    parts.append(f"{totals.get('skipped', 0)} skipped")
+    return ", ".join(parts)
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+_CHAINED = re.compile(r"^(During handling of the above|The above exception was the direct cause)")
+_MODULE_PATH = re.compile(r"^(?:[a-z_]\w*\.)+(?=[A-Z]\w*(?::|$))")
+_MAX_MESSAGE = 300
+
+
+def _clean(line: str) -> str:
+    """Drop an exception's module path and a redundant ``AssertionError:``."""
+    line = _MODULE_PATH.sub("", line.strip())
+    return "" if line == "AssertionError" else line.removeprefix("AssertionError:").strip()
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _final_exception(lines: list[str]) -> str:
+    """Return the exception line that ends the last traceback in ``lines``.
+
+    It is the first line after the header indented less than the frames (pytest may indent the
+    whole traceback when it is part of an assertion message).
+    """
+    last = max(i for i, line in enumerate(lines) if line.endswith(_TRACEBACK))
+    body = lines[last + 1 :]
+    if not body:
+        return ""
+    frames = _indent(body[0])
+    ends = (ln for ln in body if _indent(ln) < frames and not _CHAINED.match(ln.strip()))
+    return next(ends, "")
+
+
+def failure_message(text: str, statement: str | None = None) -> str:
+    """Return one line saying what failed, from a failure's exception message.
+
+    ``text`` is the exception's message as pytest reports it; ``statement`` the source line that
+    failed. A traceback inside ``text`` (a thread's or a child process's) gives way to the
+    exception that ends it; module paths and ``AssertionError:`` are dropped; a bare assertion
+    (``assert False``) gets pytest's first ``where`` explanation, else ``statement``.
+    """
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    # A header ends its line; one inside a repr (pytest's ``assert not ['Traceback...']``) does not.
+    cut = next((i for i, line in enumerate(lines) if line.endswith(_TRACEBACK)), None)
+    if cut is not None:
+        intro = _clean(" ".join([*lines[:cut], lines[cut].partition(_TRACEBACK)[0]]))
+        message = " ".join(part for part in (intro, _clean(_final_exception(lines))) if part)
+    elif not lines or not (first := _clean(lines[0])):
+        message = statement or "".join(lines[:1])
+    elif first.startswith("assert "):
+        where = next(
+            (ln.lstrip(" +") for ln in lines[1:] if ln.lstrip(" +").startswith("where")), ""
+        )
+        if where:
+            message = f"{first} ({where})"
+        else:
+            message = f"{statement} failed ({first})" if statement else first
+    else:
+        message = first
+    return message if len(message) <= _MAX_MESSAGE else message[: _MAX_MESSAGE - 1] + "…"
 
 
 def _totals(checks: Sequence[CheckResult]) -> dict[str, int]:
@@ -141,11 +252,36 @@ def load_report(path: str | os.PathLike[str]) -> Report:
     return msgspec.json.decode(source.read_bytes(), type=Report)
 
 
+class _ProgressReader:
+    """Follows the progress file the suite appends to, handing each complete line on."""
+
+    def __init__(self, path: Path, callback: Callable[[ProgressEvent], None]) -> None:
+        self.path = path
+        self.callback = callback
+        self.offset = 0
+        self.pending = b""
+
+    def poll(self) -> None:
+        try:
+            with open(self.path, "rb") as stream:
+                stream.seek(self.offset)
+                chunk = stream.read()
+        except FileNotFoundError:
+            return
+        self.offset += len(chunk)
+        *lines, self.pending = (self.pending + chunk).split(b"\n")
+        for line in lines:
+            self.callback(msgspec.json.decode(line, type=ProgressEvent))
+
+
 def run_suite(
     name: str,
     config_source: Any,
     report_dir: str | os.PathLike[str],
     extra_args: Sequence[str] = (),
+    *,
+    output: IO[Any] | None = None,
+    progress: Callable[[ProgressEvent], None] | None = None,
 ) -> int:
     """Run the conformance suite against backend ``name`` in a subprocess; return its exit code.
 
@@ -159,6 +295,10 @@ def run_suite(
         Where ``report.json`` and ``report.md`` are written.
     extra_args
         More pytest arguments (``-x``, ``-k expr``, ``--hicache-profile nightly``, ...).
+    output
+        A file that receives pytest's output (stdout and stderr); by default it is inherited.
+    progress
+        Called in this process with each :data:`ProgressEvent` while the suite runs.
     """
     if config_source is None:
         config = ""
@@ -194,5 +334,21 @@ def run_suite(
             config = f"@{path}"
         if config:
             command += ["--hicache-config", config]
+        reader = None
+        if progress is not None:
+            reader = _ProgressReader(Path(workdir) / "progress.jsonl", progress)
+            command += ["--hicache-progress", str(reader.path)]
         command += list(extra_args)
-        return subprocess.run(command, cwd=workdir, check=False).returncode
+        streams: dict[str, Any] = {}
+        if output is not None:
+            streams = {"stdout": output, "stderr": subprocess.STDOUT}
+        with subprocess.Popen(command, cwd=workdir, **streams) as suite:
+            while reader is not None:
+                try:
+                    suite.wait(timeout=_POLL_S)
+                except subprocess.TimeoutExpired:
+                    reader.poll()
+                else:
+                    reader.poll()
+                    break
+        return suite.wait()

@@ -2,17 +2,23 @@
 
 Nothing is imported until a backend is asked for: a :class:`BackendSpec` names its factory and
 config schema as ``"module:attribute"`` strings, so listing backends never imports a client library.
+A plugin that fails to load is skipped with a :class:`PluginLoadWarning` and listed by
+:func:`broken_plugins`, so one bad package never hides the other backends.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.metadata
 import importlib.util
+import os
+import re
 import threading
+import warnings
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 import pluggy
@@ -27,15 +33,25 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "PLUGINS_ENV",
     "BackendSpec",
+    "BrokenPlugin",
+    "Origin",
+    "PluginLoadWarning",
+    "broken_plugins",
     "registered_backends",
     "get_spec",
     "hookimpl",
+    "origin_of",
     "register_plugin",
     "unregister_plugin",
 ]
 
 ENTRY_POINT_GROUP = "hicache_storage.backends"
+PLUGINS_ENV = "HICACHE_PLUGINS"
+"""Comma-separated modules registered as plugins besides the entry points: a plugin under
+development, not installed yet, is found in every process that inherits the variable (the
+conformance suite's worker processes too)."""
 hookimpl = hookspecs.hookimpl
 
 
@@ -119,6 +135,49 @@ class BackendSpec:
         return getattr(module, attribute)
 
 
+class PluginLoadWarning(UserWarning):
+    """A plugin failed to load (import error, or its ``hicache_backends`` hook raised)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Origin:
+    """The installed distribution whose entry point provides a plugin."""
+
+    distribution: str
+    version: str
+
+    @property
+    def builtin(self) -> bool:
+        """Whether the plugin ships with hicache-storage itself."""
+        return _canonical(self.distribution) == "hicache-storage"
+
+    def __str__(self) -> str:
+        return "built in" if self.builtin else f"{self.distribution} {self.version}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BrokenPlugin:
+    """A plugin that was skipped: its name, where it came from and what went wrong."""
+
+    name: str
+    origin: Origin | None
+    error: str
+
+
+def _canonical(distribution: str) -> str:
+    return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
+def _origin(entry_point: importlib.metadata.EntryPoint) -> Origin | None:
+    dist = entry_point.dist
+    return None if dist is None else Origin(dist.name, dist.version)
+
+
+def _error(exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {first[0]}" if first else type(exc).__name__
+
+
 class _Registry:
     """The plugin manager and the specs it yields, built on first use."""
 
@@ -126,28 +185,82 @@ class _Registry:
         self._lock = threading.Lock()
         self._manager: pluggy.PluginManager | None = None
         self._specs: dict[str, BackendSpec] | None = None
+        self._plugin_origins: dict[str, Origin] = {}
+        self._origins: dict[str, Origin] = {}
+        self._unloadable: list[BrokenPlugin] = []
+        self._failing: list[BrokenPlugin] = []
 
     def manager(self) -> pluggy.PluginManager:
+        broken: list[BrokenPlugin] = []
         with self._lock:
             if self._manager is None:
                 manager = pluggy.PluginManager(hookspecs.PROJECT)
                 manager.add_hookspecs(hookspecs)
-                manager.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+                broken = self._unloadable = self._load_entry_points(manager)
                 self._manager = manager
-            return self._manager
+            result = self._manager
+        _warn(broken)
+        return result
+
+    def _load_entry_points(self, manager: pluggy.PluginManager) -> list[BrokenPlugin]:
+        """Register every entry point of the group; return those that failed (skipped)."""
+        broken: list[BrokenPlugin] = []
+        for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if manager.is_blocked(entry_point.name) or manager.has_plugin(entry_point.name):
+                continue
+            origin = _origin(entry_point)
+            try:
+                manager.register(entry_point.load(), name=entry_point.name)
+            except Exception as exc:  # noqa: BLE001 - a broken plugin must not hide the others
+                broken.append(BrokenPlugin(entry_point.name, origin, _error(exc)))
+                continue
+            if origin is not None:
+                self._plugin_origins[entry_point.name] = origin
+        for module in filter(None, os.environ.get(PLUGINS_ENV, "").replace(" ", "").split(",")):
+            if manager.has_plugin(module):
+                continue
+            try:
+                manager.register(importlib.import_module(module), name=module)
+            except Exception as exc:  # noqa: BLE001 - as for an entry point
+                broken.append(BrokenPlugin(module, None, _error(exc)))
+        return broken
 
     def specs(self) -> dict[str, BackendSpec]:
         manager = self.manager()
+        broken: list[BrokenPlugin] = []
         with self._lock:
             if self._specs is None:
                 specs: dict[str, BackendSpec] = {}
-                for provided in manager.hook.hicache_backends():
+                origins: dict[str, Origin] = {}
+                for impl in manager.hook.hicache_backends.get_hookimpls():
+                    origin = self._plugin_origins.get(impl.plugin_name)
+                    try:
+                        provided = cast("list[BackendSpec]", impl.function())
+                    except Exception as exc:  # noqa: BLE001 - as for a plugin that cannot import
+                        broken.append(BrokenPlugin(impl.plugin_name, origin, _error(exc)))
+                        continue
                     for spec in provided:
                         if spec.name in specs and specs[spec.name] != spec:
                             raise ValueError(f"two plugins register a backend named {spec.name!r}")
                         specs[spec.name] = spec
+                        if origin is not None:
+                            origins[spec.name] = origin
                 self._specs = dict(sorted(specs.items()))
-            return self._specs
+                self._origins = origins
+                self._failing = broken
+            result = self._specs
+        _warn(broken)
+        return result
+
+    def origin(self, name: str) -> Origin | None:
+        self.specs()
+        with self._lock:
+            return self._origins.get(name)
+
+    def broken(self) -> tuple[BrokenPlugin, ...]:
+        self.specs()
+        with self._lock:
+            return (*self._unloadable, *self._failing)
 
     def register(self, plugin: object, name: str | None = None) -> None:
         manager = self.manager()
@@ -160,6 +273,18 @@ class _Registry:
         with self._lock:
             manager.unregister(plugin)
             self._specs = None
+
+
+def _warn(broken: list[BrokenPlugin]) -> None:
+    for found in broken:
+        source = (
+            f" (from {found.origin.distribution} {found.origin.version})" if found.origin else ""
+        )
+        warnings.warn(
+            f"skipped hicache-storage plugin {found.name!r}{source}: {found.error}",
+            PluginLoadWarning,
+            stacklevel=4,
+        )
 
 
 _REGISTRY = _Registry()
@@ -183,10 +308,26 @@ def get_spec(name: str) -> BackendSpec:
         return specs[name]
     except KeyError:
         known = ", ".join(specs) or "none"
+        broken = "".join(
+            f"; plugin {found.name!r} failed to load: {found.error}" for found in _REGISTRY.broken()
+        )
         raise UnknownBackendError(
             f"no backend named {name!r} is registered (registered: {known}); install the "
-            f"package that provides it or check the spelling"
+            f"package that provides it or check the spelling{broken}"
         ) from None
+
+
+def origin_of(name: str) -> Origin | None:
+    """Return the distribution whose entry point provides backend ``name``.
+
+    ``None`` when the backend is unknown or its plugin was registered at run time.
+    """
+    return _REGISTRY.origin(name)
+
+
+def broken_plugins() -> tuple[BrokenPlugin, ...]:
+    """Return the plugins skipped because they failed to load, with their errors."""
+    return _REGISTRY.broken()
 
 
 def register_plugin(plugin: object, name: str | None = None) -> None:

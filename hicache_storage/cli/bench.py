@@ -2,34 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-import tempfile
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import click
 import msgspec
 
 from ..bench import BenchReport, OpStats, format_size, parse_sizes, run_bench
+from .options import backend_options
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 __all__ = ["bench_command", "render"]
-
-
-@contextlib.contextmanager
-def _default_options(backend: str, config: str | None) -> Iterator[str | None]:
-    """Yield the options to use; for ``file`` without a config, a fresh temporary root."""
-    if config is not None or backend != "file":
-        yield config
-        return
-    root = tempfile.mkdtemp(prefix="hicache-bench-")
-    try:
-        yield msgspec.json.encode({"root": root}).decode()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _num(value: float | None, digits: int = 2) -> str:
@@ -146,7 +130,8 @@ def bench_command(
     """Benchmark BACKEND against its raw baseline (set/exists/get vs plain write/read).
 
     Every value read back is checked byte for byte; wrong bytes abort the run. Without
-    --config, the file backend runs in a fresh temporary directory that is removed afterwards.
+    --config, a backend that needs a `root` directory or a `path` runs in a fresh temporary one,
+    removed afterwards (as with `hicache check`).
     With --v1, pages of a registered MHA host pool move through the zero-copy calls, beside the
     baseline's raw calls on the same page buffers.
     """
@@ -155,7 +140,7 @@ def bench_command(
     sizes = parse_sizes(page_size)
     err = Console(stderr=True)
     with (
-        _default_options(backend, config) as options,
+        backend_options(backend, config, "hicache-bench-") as options,
         err.status(f"benchmarking {backend}...", spinner="dots") as status,
     ):
         report = run_bench(

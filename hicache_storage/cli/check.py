@@ -7,20 +7,21 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import click
 import msgspec
 
-from ..config import convert, read_source
-from ..errors import ConfigError
-from ..registry import get_spec
+from ..config import read_source
+from ..errors import ConfigError, HiCacheError
+from ..redact import redact_text, secrets_in
+from .options import backend_options
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ..conformance.report import Report
+    from ..conformance.report import ProgressEvent, Report
 
 __all__ = ["check_command", "render"]
 
@@ -29,35 +30,23 @@ DEFAULT_BACKEND = "file"
 _STYLES = {"passed": "green", "failed": "bold red", "error": "bold red", "skipped": "yellow"}
 
 
-@contextlib.contextmanager
-def _options(backend: str, config: str | None) -> Iterator[str | None]:
-    """Yield the config source to run with, validated here so mistakes exit 2 at once.
+def _probe(backend: str, options: str | None) -> None:
+    """Open and close ``backend`` once, so a refusal is one line rather than every check erroring.
 
-    Without ``config``, a backend whose options require a ``root`` directory or a ``path`` gets a
-    fresh temporary one, removed afterwards.
+    Raises
+    ------
+    ConfigError
+        If the backend cannot be opened with ``options`` (any :class:`HiCacheError`: a refused
+        option, a missing client library, an unreachable server); its secrets are masked.
     """
-    spec = get_spec(backend)
-    schema = spec.load_config_type()
-    if config is not None:
-        convert(read_source(config), schema, f"{backend} backend options")
-        yield config
-        return
-    required = {field.name for field in msgspec.structs.fields(schema) if field.required}
-    if not required & {"root", "path"}:
-        yield None
-        return
-    scratch = tempfile.mkdtemp(prefix="hicache-check-")
+    from ..factory import create_backend
+
     try:
-        options: dict[str, str] = {}
-        if "root" in required:
-            options["root"] = os.path.join(scratch, "root")
-        if "path" in required:
-            options["path"] = os.path.join(scratch, "store")
-        source = msgspec.json.encode(options).decode()
-        convert(read_source(source), schema, f"{backend} backend options")
-        yield source
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        with create_backend(backend, options):
+            pass
+    except HiCacheError as exc:
+        message = redact_text(str(exc), secrets_in(read_source(options)))
+        raise ConfigError(f"cannot open the {backend} backend: {message}") from None
 
 
 @contextlib.contextmanager
@@ -72,22 +61,41 @@ def _report_dir(report: str | None) -> Iterator[str]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _interactive(console: Console) -> bool:
+    """Return whether stdout is a terminal a progress bar can redraw (not a CI log or a pipe)."""
+    return sys.stdout.isatty() and console.is_terminal and not console.is_dumb_terminal
+
+
 @contextlib.contextmanager
-def _output_to(path: str) -> Iterator[None]:
-    """Send this process's (and so its children's) stdout and stderr to ``path`` meanwhile."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    try:
-        with open(path, "wb") as log:
-            os.dup2(log.fileno(), 1)
-            os.dup2(log.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in saved:
-            os.close(fd)
+def _progress_bar(console: Console, backend: str) -> Iterator[Callable[[ProgressEvent], None]]:
+    """Show checks done / total and the current class; yield the callback that advances it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..conformance.report import Collected, Finished
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[failed]}", style="bold red"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(f"checking {backend}", total=None, failed="")
+        failed = 0
+
+        def advance(event: ProgressEvent) -> None:
+            nonlocal failed
+            if isinstance(event, Collected):
+                bar.update(task, total=event.total)
+                return
+            current = event.id.split("::", 1)[0]
+            bar.update(task, description=f"checking {backend}: {current}")
+            if isinstance(event, Finished):
+                failed += event.outcome in ("failed", "error")
+                bar.update(task, advance=1, failed=f"{failed} failed" if failed else "")
+
+        yield advance
 
 
 def _tail(path: str, lines: int = 15) -> str:
@@ -103,6 +111,8 @@ def render(report: Report, console: Console) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from ..conformance.report import summarize
+
     table = Table(title=f"hicache check {report.backend}")
     table.add_column("check", overflow="fold")
     table.add_column("outcome", no_wrap=True)
@@ -116,17 +126,16 @@ def render(report: Report, console: Console) -> None:
             Text(row.skip_reason or row.message or ""),
         )
     console.print(table)
-    totals = report.totals
-    failed = totals.get("failed", 0) + totals.get("error", 0)
     caps = ", ".join(report.capabilities) or "none"
     if report.capabilities_error:
         caps = f"unknown ({report.capabilities_error})"
-    verdict = Text("FAIL", style="bold red") if failed else Text("PASS", style="bold green")
+    verdict = (
+        Text("FAIL", style="bold red") if report.failures() else Text("PASS", style="bold green")
+    )
     summary = Text.assemble(
         verdict,
-        f" {report.backend} {report.version}: {totals.get('passed', 0)} passed, "
-        f"{failed} failed, {totals.get('skipped', 0)} skipped in {report.duration_s:.1f} s; "
-        f"claims: {caps}",
+        f" {report.backend} {report.version}: {summarize(report.totals)} in "
+        f"{report.duration_s:.1f} s; claims: {caps}",
     )
     console.print(summary, highlight=False)
 
@@ -148,20 +157,30 @@ def render(report: Report, console: Console) -> None:
 def check_command(backend: str, config: str | None, report_dir: str | None) -> None:
     """Run the conformance suite against BACKEND (default: file) and print one row per check.
 
-    Exits 0 when no check failed, 1 when one did, 2 on a usage or config error. Without --config,
-    a backend that needs a `root` directory or a `path` runs in a fresh temporary one, removed
-    afterwards.
+    Exits 0 when every check passed or skipped, 1 when one failed or errored, 2 on a usage or
+    config error or when the backend cannot be opened at all. Without --config, a backend that
+    needs a `root` directory or a `path` runs in a fresh temporary one, removed afterwards. On a
+    terminal a progress bar shows the checks done; elsewhere nothing is drawn.
     """
     from rich.console import Console
 
     from ..conformance.report import load_report, run_suite
 
-    with _options(backend, config) as options, _report_dir(report_dir) as target:
-        click.echo(f"running the conformance suite against {backend}...", err=True)
+    console = Console()
+    with (
+        backend_options(backend, config, "hicache-check-") as options,
+        _report_dir(report_dir) as target,
+    ):
+        _probe(backend, options)
         os.makedirs(target, exist_ok=True)
         log = os.path.join(target, "pytest.log")
-        with _output_to(log):
-            status = run_suite(backend, options, target)
+        with open(log, "wb") as output:
+            if _interactive(console):
+                with _progress_bar(console, backend) as advance:
+                    status = run_suite(backend, options, target, output=output, progress=advance)
+            else:
+                click.echo(f"running the conformance suite against {backend}...", err=True)
+                status = run_suite(backend, options, target, output=output)
         try:
             report = load_report(target)
         except (OSError, msgspec.DecodeError) as exc:
@@ -169,9 +188,8 @@ def check_command(backend: str, config: str | None, report_dir: str | None) -> N
             raise ConfigError(
                 f"the conformance run of {backend!r} wrote no report (pytest exit status {status})"
             ) from exc
-    render(report, Console())
+    render(report, console)
     if report_dir is not None:
         click.echo(f"report: {report_dir}/report.json, report.md; pytest output: {log}")
-    failed = report.totals.get("failed", 0) + report.totals.get("error", 0)
-    if failed or status != 0:
+    if report.failures() or status != 0:
         raise SystemExit(1)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+import warnings
+from collections.abc import Callable
+from typing import Any, TextIO
 
 import click
 
 from ..errors import HiCacheError
+from ..registry import PluginLoadWarning
 from .backends import backends_command
 from .bench import bench_command
 from .check import check_command
@@ -20,11 +23,32 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         """Run the subcommand; report a :class:`HiCacheError` without a traceback."""
-        try:
-            return super().invoke(ctx)
-        except HiCacheError as exc:
-            click.echo(f"error: {exc}", err=True)
-            ctx.exit(2)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning(warnings.showwarning)
+            try:
+                return super().invoke(ctx)
+            except HiCacheError as exc:
+                click.echo(f"error: {exc}", err=True)
+                ctx.exit(2)
+
+
+def _one_line_warning(show: Callable[..., None]) -> Callable[..., None]:
+    """Wrap ``warnings.showwarning`` so a plugin that failed to load is one ``warning:`` line."""
+
+    def shown(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        if issubclass(category, PluginLoadWarning):
+            click.echo(f"warning: {message}", err=True)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    return shown
 
 
 @click.group(name="hicache", cls=_Group)
