@@ -65,6 +65,7 @@ class Keyspace:
 
     def __init__(self, prefix: str | None = None) -> None:
         self.prefix = prefix if prefix is not None else f"t{secrets.token_hex(6)}-"
+        #: Every key handed out so far.
         self.used: set[str] = set()
 
     def __call__(self, name: str) -> str:

@@ -73,7 +73,9 @@ class StorageBackend(abc.ABC):
     Everything else has a default that is correct for any backend; override it to be fast.
     """
 
+    #: The name the backend is registered under (what ``create_backend`` is given).
     name: str = ""
+    #: What the backend promises; the conformance suite picks its checks from it.
     capabilities: Capabilities = Capabilities()
 
     def __init__(self) -> None:

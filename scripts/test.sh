@@ -9,4 +9,5 @@ bash scripts/setup-servers.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 bash scripts/typecheck.sh
+bash scripts/docs.sh
 .venv/bin/python -m pytest "$@"

@@ -103,13 +103,13 @@ class FanoutPaths:
 class AtomicFiles:
     """Publishes values as files, first complete value wins, on a local or mounted filesystem.
 
+    The directories it has made are remembered, so a steady write costs no ``mkdir``.
+    Not thread-hostile: concurrent writers of one key race on ``link`` and exactly one wins.
+
     Parameters
     ----------
     fsync
         Flush each value and its directory entry to stable storage before reporting it stored.
-
-    The directories it has made are remembered, so a steady write costs no ``mkdir``.
-    Not thread-hostile: concurrent writers of one key race on ``link`` and exactly one wins.
     """
 
     def __init__(self, *, fsync: bool = False) -> None:
