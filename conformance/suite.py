@@ -8,7 +8,8 @@ A backend that cannot be built makes the checks error, never skip.
 
 This module is what pytest collects; the checks live by area in
 :mod:`hicache_storage.conformance.checks`: ``core`` (round trips, misses, idempotent writes),
-``batch`` (batches, prefix hits), ``zerocopy`` (v1 page I/O, unified objects, buffer sizes),
+``sizes`` (value sizes, key shapes), ``batch`` (batches, prefix hits), ``zerocopy`` (v1 page
+I/O, model-sized pages, native zero-copy, unified objects, buffer sizes),
 ``bad_input``, ``lifecycle``, ``concurrency``, ``sharing`` (several processes, persistence),
 ``capacity`` (bounds, delete), ``stats``, ``crash``, ``faults`` (injected and server faults),
 ``integrity`` (corrupted bytes are misses), ``isolation`` (namespaces, secrets) and ``model``
@@ -30,20 +31,32 @@ pytest.register_assert_rewrite("hicache_storage.conformance.checks")
 # pytest runs the checks in the order their classes are bound here: keep it the order of __all__.
 # isort: off
 from hicache_storage.conformance.checks.core import TestRoundTrip, TestMiss, TestIdempotentSet
+from hicache_storage.conformance.checks.sizes import TestValueSizes, TestKeyShapes
 from hicache_storage.conformance.checks.batch import TestBatch, TestPrefix
 from hicache_storage.conformance.checks.zerocopy import (
     TestZeroCopy,
     TestUnifiedObjects,
+    TestModelPages,
+    TestNativeZeroCopy,
     TestBufferSize,
 )
 from hicache_storage.conformance.checks.bad_input import TestBadInput
 from hicache_storage.conformance.checks.lifecycle import TestLifecycle
-from hicache_storage.conformance.checks.concurrency import TestConcurrency
-from hicache_storage.conformance.checks.sharing import TestMultiProcess, TestPersistence
-from hicache_storage.conformance.checks.capacity import TestBounded, TestDelete
+from hicache_storage.conformance.checks.concurrency import TestFirstWins, TestConcurrency
+from hicache_storage.conformance.checks.sharing import (
+    TestMultiProcess,
+    TestStaleViews,
+    TestPersistence,
+)
+from hicache_storage.conformance.checks.capacity import TestBounded, TestDelete, TestClear
 from hicache_storage.conformance.checks.stats import TestStats
 from hicache_storage.conformance.checks.crash import TestCrashSafety
-from hicache_storage.conformance.checks.faults import server_control, TestFaults, TestServerFaults
+from hicache_storage.conformance.checks.faults import (
+    server_control,
+    TestFaults,
+    TestMediumFaults,
+    TestServerFaults,
+)
 from hicache_storage.conformance.checks.integrity import TestIntegrity
 from hicache_storage.conformance.checks.isolation import TestNamespaces, TestSecrets
 from hicache_storage.conformance.checks.model import TestStateMachine
@@ -55,21 +68,29 @@ __all__ = [
     "TestRoundTrip",
     "TestMiss",
     "TestIdempotentSet",
+    "TestValueSizes",
+    "TestKeyShapes",
     "TestBatch",
     "TestPrefix",
     "TestZeroCopy",
     "TestUnifiedObjects",
+    "TestModelPages",
+    "TestNativeZeroCopy",
     "TestBufferSize",
     "TestBadInput",
     "TestLifecycle",
+    "TestFirstWins",
     "TestConcurrency",
     "TestMultiProcess",
+    "TestStaleViews",
     "TestPersistence",
     "TestBounded",
     "TestDelete",
+    "TestClear",
     "TestStats",
     "TestCrashSafety",
     "TestFaults",
+    "TestMediumFaults",
     "TestServerFaults",
     "TestIntegrity",
     "TestNamespaces",

@@ -30,8 +30,17 @@ class Capabilities:
         Objects expire after a configured time.
     crash_safe_writes
         A writer killed during ``set`` leaves the key absent or holding its old complete value.
+    atomic_first_wins
+        Concurrent writers of one key race atomically: one value is published, and a value once
+        read under a key never changes until the key is deleted or evicted. (A second ``set``
+        after the first returned keeps the first value on every backend.)
     max_value_size
         The largest value in bytes the backend accepts, or ``None`` for no limit.
+    exists_stale_s
+        How long, in seconds, ``exists``/``batch_exists`` (and the "already stored" answer of a
+        first-wins ``set``) on one instance may still report a key that another instance over the
+        same store deleted. ``0`` (the default) promises no staleness: a backend that caches
+        existence states its cache's lifetime here. ``get`` is never stale.
     """
 
     persistent: bool = False
@@ -41,7 +50,9 @@ class Capabilities:
     delete: bool = False
     ttl: bool = False
     crash_safe_writes: bool = False
+    atomic_first_wins: bool = False
     max_value_size: int | None = None
+    exists_stale_s: float = 0.0
 
     def claimed(self) -> list[str]:
         """Return the names of the boolean capabilities this record claims, in field order."""

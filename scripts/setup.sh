@@ -10,4 +10,4 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[dev,docs,metrics,redis,s3,3fs,gpu]"
+.venv/bin/python -m pip install -q -e ".[dev,docs,metrics,redis,s3,3fs,fsspec-s3,gpu]"

@@ -64,25 +64,36 @@ PAUSE_SKIP = "the server control has no pause()/resume()"
 OTHER_SKIPS = (
     re.compile(r"backend '[\w-]+' declares no namespace_option"),
     re.compile(r"the options under test carry no secret"),
+    re.compile(r"this medium raises no '\w+' faults.*"),
 )
+NO_MEDIUM_HOOK = "backend has no medium fault hook (hicache_storage.kit.MediumFaults)"
 
 
 def assert_conforms(
-    report: Report, *, server_faults: bool = False, integrity: bool = False
+    report: Report,
+    *,
+    server_faults: bool = False,
+    integrity: bool = False,
+    medium_faults: bool = False,
 ) -> None:
     """Assert a suite report: nothing failed, and every skip is an unclaimed capability.
 
     With ``server_faults`` the server-fault checks (stop and pause) must have run and passed;
     without it they must have been skipped for want of a server control. With ``integrity`` the
     corruption checks must have run and passed; without it they must have been skipped for want
-    of a corruption hook.
+    of a corruption hook. With ``medium_faults`` the medium-fault checks must have run (the
+    backend holds a ``MediumFaults``); without it they must have been skipped for want of one.
     """
     assert report.totals["failed"] == 0 and report.totals["error"] == 0, report.failures()
     assert report.totals["total"] == len(report.checks) > 100
     claimed = set(report.capabilities)
     faults = [check for check in report.checks if check.id.startswith("TestServerFaults::")]
     corruption = [check for check in report.checks if check.id.startswith("TestIntegrity::")]
-    assert faults and corruption
+    medium = [check for check in report.checks if check.id.startswith("TestMediumFaults::")]
+    assert faults and corruption and medium
+    assert medium_faults == any(check.outcome == "passed" for check in medium), (
+        "the medium-fault checks " + ("did not run" if medium_faults else "ran unexpectedly")
+    )
     for check in report.checks:
         unclaimed = [name for name in check.requires if name not in claimed]
         if check.outcome == "skipped":
@@ -94,6 +105,8 @@ def assert_conforms(
                 assert not integrity and INTEGRITY_SKIP.fullmatch(reason), (check.id, reason)
             elif any(pattern.fullmatch(reason) for pattern in OTHER_SKIPS):
                 pass
+            elif check in medium:
+                assert not medium_faults and reason == NO_MEDIUM_HOOK, (check.id, reason)
             else:
                 assert not server_faults and check in faults, (check.id, reason)
                 assert reason == (

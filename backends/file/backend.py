@@ -151,6 +151,8 @@ class FileBackend(StorageBackend):
             bounded=config.max_bytes is not None,
             delete=True,
             crash_safe_writes=True,
+            atomic_first_wins=True,
+            exists_stale_s=config.metadata_ttl_s if config.metadata_cache else 0.0,
         )
         self._owns: Callable[[str], bool] = (
             self.deployment.scheme().owns if config.ownership == "rank" else _owns_everything

@@ -27,6 +27,8 @@ SPEC = BackendSpec(
         bounded=False,
         delete=True,
         crash_safe_writes=True,
+        atomic_first_wins=True,
+        exists_stale_s=5.0,
     ),
     baseline="hicache_storage.backends.file.baseline:RawDiskBaseline",
     description="one file per key under a directory",

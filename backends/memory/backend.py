@@ -16,6 +16,7 @@ from hicache_storage.backend import StorageBackend, copy_into
 from hicache_storage.buffers import as_readable
 from hicache_storage.capabilities import Capabilities
 from hicache_storage.config import Deployment
+from hicache_storage.kit import closed_guard
 
 __all__ = ["DictBaseline", "MemoryBackend", "MemoryConfig"]
 
@@ -24,11 +25,12 @@ class MemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """Options of the memory backend (it has none)."""
 
 
+@closed_guard
 class MemoryBackend(StorageBackend):
     """Keep every value in a dictionary; the first complete value of a key wins."""
 
     name = "memory"
-    capabilities = Capabilities(delete=True)
+    capabilities = Capabilities(delete=True, atomic_first_wins=True)
 
     def __init__(
         self, config: MemoryConfig | None = None, deployment: Deployment | None = None

@@ -9,7 +9,7 @@ SPEC = BackendSpec(
     name="memory",
     factory="hicache_storage.backends.memory.backend:MemoryBackend",
     config="hicache_storage.backends.memory.backend:MemoryConfig",
-    capabilities=Capabilities(delete=True),
+    capabilities=Capabilities(delete=True, atomic_first_wins=True),
     baseline="hicache_storage.backends.memory.backend:DictBaseline",
     description="in-process dictionary; the reference and test oracle",
 )

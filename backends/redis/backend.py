@@ -702,6 +702,7 @@ class RedisBackend(StorageBackend):
             delete=True,
             ttl=config.ttl_s is not None,
             crash_safe_writes=True,
+            atomic_first_wins=True,  # SET NX: Redis applies one command at a time
             max_value_size=MAX_VALUE_SIZE,
         )
         self._where = _where(config)

@@ -19,6 +19,7 @@ SPEC = BackendSpec(
         shared=True,
         delete=True,
         crash_safe_writes=True,
+        atomic_first_wins=True,
         max_value_size=512 << 20,
     ),
     baseline="hicache_storage.backends.redis.baseline:RawRedisBaseline",

@@ -60,7 +60,7 @@ from hicache_storage.errors import (
     ConfigError,
 )
 from hicache_storage.integrity import RECORD_BYTES, seal, verify
-from hicache_storage.vectored import flat
+from hicache_storage.kit import POSIX_ERRORS, ErrorMap, MediumFaults, flat
 
 from .config import ThreeFSConfig
 from .io import IORequest, SlotIO, open_io
@@ -74,6 +74,9 @@ if TYPE_CHECKING:
 __all__ = ["ThreeFSBackend", "generation_of", "namespace_of"]
 
 logger = logging.getLogger(__name__)
+
+_ERRORS = ErrorMap("3fs backend", [(GeometryError, BackendUnavailableError)])
+"""A changed metadata geometry means the service was replaced under us: unavailable."""
 
 _MAX_BACKOFF_S = 0.05
 _ID_BITS = 40
@@ -190,6 +193,7 @@ class ThreeFSBackend(StorageBackend):
             bounded=True,
             delete=True,
             crash_safe_writes=shared,
+            atomic_first_wins=True,
             max_value_size=self.geometry.capacity,
         )
         self._counters: Counter[str] = Counter()
@@ -197,6 +201,10 @@ class ThreeFSBackend(StorageBackend):
         self._lock_fd: int | None = None
         self._meta: Metadata | None = None
         self._io: SlotIO | None = None
+        self.medium_faults = MediumFaults(
+            {kind: POSIX_ERRORS[kind] for kind in ("io", "unavailable", "timeout")}
+        )
+        """The suite's fault hook, checked before each data I/O (slots never vanish)."""
         try:
             self._setup(shared)
         except BaseException:
@@ -256,6 +264,7 @@ class ThreeFSBackend(StorageBackend):
                 )
             target = memoryview(bytearray(location.length)) if dst is None else dst
             record = bytearray(RECORD_BYTES)
+            self.medium_faults.check("read")
             io.read(self._plan(location, [target], record))
             confirmed = meta.confirm(self.namespace, found.epoch, [(key, location.id)])[0]
         if not confirmed:
@@ -396,17 +405,8 @@ class ThreeFSBackend(StorageBackend):
         """Turn file and metadata failures into the typed backend errors (the one place)."""
         try:
             yield
-        except OSError as exc:
-            if isinstance(exc, BackendError):
-                raise
-            message = f"3fs backend could not {what}: {exc.strerror or exc}"
-            if exc.errno is not None:
-                raise BackendIOError(exc.errno, message) from exc
-            raise BackendIOError(message) from exc
-        except GeometryError as exc:
-            raise BackendUnavailableError(
-                f"3fs backend could not {what}: the metadata service changed: {exc}"
-            ) from exc
+        except (OSError, GeometryError) as exc:
+            raise _ERRORS.translate(exc, what) from exc
 
     def _parts(self) -> tuple[Metadata, SlotIO]:
         if self._closed or self._meta is None or self._io is None:
@@ -473,6 +473,8 @@ class ThreeFSBackend(StorageBackend):
         record: Buffer,
     ) -> bool:
         """Check a confirmed read against its record; on failure count it and drop the key."""
+        if not location.extents:  # b"": no slot, so no record and no bytes to vouch for
+            return True
         reason = verify(record, key, views, generation=generation_of(epoch, location.id))
         if reason is None:
             return True
@@ -506,6 +508,7 @@ class ThreeFSBackend(StorageBackend):
                 candidates.append((i, location, record))
             if not candidates:
                 return hits
+            self.medium_faults.check("read")
             io.read(requests)
             pairs = [(keys[i], location.id) for i, location, _ in candidates]
             confirmed = meta.confirm(self.namespace, found.epoch, pairs)
@@ -589,6 +592,7 @@ class ThreeFSBackend(StorageBackend):
                     generation = generation_of(granted.epoch, location.id)
                     record = seal(keys[i], views, generation=generation)
                 requests.extend(self._plan(location, views, record))
+            self.medium_faults.check("write")
             io.write(requests)
             if self.config.fsync == "before_commit":
                 io.sync([request.file for request in requests])

@@ -23,7 +23,9 @@ SPEC = BackendSpec(
     requires=(),
     # What an instance with in-process metadata promises; with metadata_url it also claims
     # persistent, shared and crash_safe_writes, and max_value_size is its capacity.
-    capabilities=Capabilities(native_zero_copy=True, bounded=True, delete=True),
+    capabilities=Capabilities(
+        native_zero_copy=True, bounded=True, delete=True, atomic_first_wins=True
+    ),
     baseline="hicache_storage.backends.threefs.baseline:RawFileBaseline",
     description="slots of large files on a 3FS mount, key -> slot map in process or shared",
     namespace_option="file_prefix",

@@ -66,10 +66,20 @@ class TestBatch:
         for key, out in zip(keys[::2], outs[::2], strict=True):
             assert bytes(out) == make_value(key, 128)
 
-    def test_batch_get_wrong_size_is_miss(self, backend: StorageBackend, k: Keyspace) -> None:
+    @pytest.mark.parametrize("delta", [-1, 1], ids=["smaller", "larger"])
+    def test_batch_get_wrong_size_is_miss(
+        self, backend: StorageBackend, k: Keyspace, delta: int
+    ) -> None:
         assert backend.set(k("a"), b"x" * 100) and backend.set(k("b"), b"y" * 10)
-        outs = [bytearray(99), bytearray(10)]
-        assert backend.batch_get([k("a"), k("b")], outs) == [False, True]
+        outs = [bytearray(b"\x5a" * (100 + delta)), bytearray(10)]
+        got = backend.batch_get([k("a"), k("b")], outs)
+        assert got == [False, True], (
+            f"batch_get of a 100-byte object into a {100 + delta}-byte buffer (and of a 10-byte "
+            f"one into a 10-byte buffer) returned {got}, expected [False, True]"
+        )
+        assert outs[0] == bytearray(b"\x5a" * (100 + delta)), (
+            f"batch_get of a 100-byte object wrote into the {100 + delta}-byte buffer it refused"
+        )
         assert bytes(outs[1]) == b"y" * 10
 
     def test_batch_mismatched_lengths_refused(self, backend: StorageBackend, k: Keyspace) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+from hicache_storage.backend import HostPool, StorageBackend
+from hicache_storage.buffers import as_readable
 from hicache_storage.hostpool import HostKVPool, MHAHostPool, MLAHostPool
 
 __all__ = ["KiB", "MiB", "SENTINEL", "SLACK_S", "requires"]
@@ -88,3 +91,100 @@ def _expected_after_load(
     for src, dst in moves:
         expected.set_data_page(dst * target.page_size, source.get_data_page(src * target.page_size))
     return _raw(expected).clone()
+
+
+# -- data-path helpers (sizes, keys, pages) ------------------------------------------------------
+
+
+def _difference(got: object, expected: bytes) -> str | None:
+    """Say how the bytes of ``got`` differ from ``expected``, or ``None`` when they are equal."""
+    have = as_readable(got)
+    a = np.frombuffer(have, dtype=np.uint8)
+    b = np.frombuffer(expected, dtype=np.uint8)
+    if a.size == b.size and np.array_equal(a, b):  # memoryview == compares item by item: slow
+        return None
+    if have.nbytes != len(expected):
+        text = f"{have.nbytes} bytes, expected {len(expected)}"
+        if a.size < b.size and np.array_equal(a, b[: a.size]):
+            whole = " (a whole number of MiB)" if have.nbytes and have.nbytes % MiB == 0 else ""
+            text += f": the tail after byte {have.nbytes}{whole} was lost"
+        return text
+    diff = np.flatnonzero(a != b)
+    first = int(diff[0])
+    return (
+        f"{len(expected)} bytes of which {diff.size} differ, the first at offset {first} "
+        f"(0x{first:x}: expected 0x{b[first]:02x}, got 0x{a[first]:02x})"
+    )
+
+
+def mismatch(op: str, key: str, got: object, expected: bytes) -> str | None:
+    """Describe how ``op`` on ``key`` returned other bytes than ``expected`` (``None``: equal).
+
+    The message names the operation and the key, then the lengths (and whether the shorter one
+    lost its tail) or the first differing offset and how many bytes differ.
+    """
+    text = _difference(got, expected)
+    return None if text is None else f"{op} of {key!r} returned {text}"
+
+
+def value_limit(backend: StorageBackend, options: Mapping[str, object], want: int) -> int:
+    """Return ``want`` capped by ``max_value_size`` and by half of a bounded store's capacity."""
+    limit = want
+    claimed = backend.capabilities.max_value_size
+    if claimed is not None:
+        limit = min(limit, claimed)
+    for source in (backend.stats(), options):
+        bound = source.get("max_bytes")
+        if isinstance(bound, int) and not isinstance(bound, bool) and bound > 0:
+            return min(limit, bound // 2)
+    return limit
+
+
+def model_pool(
+    kind: str,
+    layout: str,
+    *,
+    pages: int,
+    page_size: int,
+    layers: int,
+    heads: int = 8,
+    head_dim: int = 128,
+    dtype: torch.dtype = torch.float16,
+) -> HostKVPool:
+    """Return an unpinned pool of a model's geometry (for MLA, ``head_dim`` is ``kv_cache_dim``)."""
+    size = pages * page_size
+    if kind == "mha":
+        return MHAHostPool(
+            size, page_size, layers, heads, head_dim, dtype=dtype, layout=layout, pin_memory=False
+        )
+    return MLAHostPool(
+        size, page_size, layers, head_dim, dtype=dtype, layout=layout, pin_memory=False
+    )
+
+
+def page_bytes(pool: HostPool, indices: torch.Tensor) -> list[bytes]:
+    """Return the object bytes of each page of ``indices`` (its buffers, concatenated)."""
+    return [b"".join(bytes(view) for view in views) for views in pool.page_buffer_views(indices)]
+
+
+def pool_pages(pool: HostKVPool) -> list[bytes]:
+    """Return the object bytes of every page of ``pool`` (together, every byte of the pool)."""
+    return page_bytes(pool, _indices(pool, range(pool.num_pages)))
+
+
+def pages_mismatch(op: str, pool: HostKVPool, expected: Sequence[bytes]) -> str | None:
+    """Compare every page of ``pool`` with ``expected``; describe the pages that differ."""
+    problems = []
+    for page, (have, want) in enumerate(zip(pool_pages(pool), expected, strict=True)):
+        text = _difference(have, want)
+        if text is not None:
+            problems.append(f"page {page} holds {text}")
+    if not problems:
+        return None
+    return f"after {op}, {len(problems)} page(s) of the pool differ: " + "; ".join(problems[:3])
+
+
+def fill_random(pool: HostKVPool, seed: int) -> None:
+    """Fill ``pool`` with seeded random bytes (NumPy's generator: several times torch's speed)."""
+    raw = _raw(pool).numpy()
+    raw[:] = np.frombuffer(np.random.default_rng(seed).bytes(raw.size), dtype=np.uint8)

@@ -1,19 +1,29 @@
-"""Concurrency: threads sharing one instance see only complete, correct values."""
+"""Concurrency: threads sharing one instance see only complete, correct values.
+
+The racing checks are built to fail a buggy backend on every run, not now and then: the threads
+start together at a :class:`threading.Barrier`, every race is repeated over several rounds, and
+the readers poll for the whole time a write (or a delete) is in flight. They run without the
+degrade layer, so an error a reader gets is reported as the error it is, not hidden as a miss.
+"""
 
 # ruff: noqa: D102 - each check is named test_<what>_<condition>; the name is its doc
 from __future__ import annotations
 
 import threading
+import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+import msgspec
 
 from hicache_storage.backend import StorageBackend
-from hicache_storage.conformance.checks.common import KiB, MiB, _bytes, _indices, _pool
+from hicache_storage.capabilities import Capabilities
+from hicache_storage.conformance.checks.common import KiB, MiB, _bytes, _indices, _pool, requires
 from hicache_storage.conformance.factory import BackendFactory
 from hicache_storage.conformance.fixtures import Keyspace, cleanup
 from hicache_storage.conformance.workers import digest, make_value
 
-__all__ = ["TestConcurrency"]
+__all__ = ["TestConcurrency", "TestFirstWins"]
 
 
 def _run_threads(n: int, body: Callable[[int], None]) -> list[str]:
@@ -35,22 +45,261 @@ def _run_threads(n: int, body: Callable[[int], None]) -> list[str]:
     return errors
 
 
-def _poll_until_value(
-    backend: StorageBackend, key: str, expected: str, done: threading.Event, problems: list[str]
+def _undegraded(factory: BackendFactory) -> StorageBackend:
+    """Open an instance without the degrade layer: a backend error reaches the check as itself."""
+    return factory(msgspec.structs.replace(factory.layers, degrade=False, faults=None))
+
+
+def _describe(got: object, candidates: dict[str, str]) -> str:
+    """Name the value ``got`` among ``candidates`` (digest -> name), or say what it is instead."""
+    if got is None:
+        return "None (a miss)"
+    name = candidates.get(digest(got))
+    return name if name is not None else f"{len(_bytes(got))} bytes matching no value written"
+
+
+class _Problems:
+    """What racing threads saw that they must not; the first few are reported."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.items: list[str] = []
+
+    def add(self, text: str) -> None:
+        with self.lock:
+            self.items.append(text)
+
+    def guard(self, what: str, body: Callable[[], None]) -> None:
+        """Run ``body``; record any exception it raises as a problem of ``what``."""
+        try:
+            body()
+        except AssertionError as exc:
+            self.add(f"{what}: {exc}")
+        except BaseException as exc:  # noqa: BLE001 - every failure in a thread is reported
+            self.add(f"{what} raised {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+
+    def check(self, summary: str) -> None:
+        assert not self.items, f"{summary}: {len(self.items)} problems; first: {self.items[0]}"
+
+
+def _rounds(
+    min_rounds: int, budget_s: float, max_rounds: int, problems: _Problems
+) -> Iterator[int]:
+    """Yield round numbers for at least ``min_rounds`` rounds and ``budget_s`` seconds.
+
+    It stops early at the first problem, so a loaded machine makes a race run longer, not pass.
+    """
+    start = time.monotonic()
+    for round_ in range(max_rounds):
+        if problems.items:
+            return
+        if round_ >= min_rounds and time.monotonic() - start >= budget_s:
+            return
+        yield round_
+
+
+def _race(
+    readers: list[Callable[[int, threading.Event], None]],
+    writer: Callable[[int], None],
+    problems: _Problems,
+    *,
+    min_rounds: int = 6,
+    budget_s: float = 0.8,
+    max_rounds: int = 60,
 ) -> None:
-    """Poll ``get(key)`` until a value appears (or the writer is done); record a bad value."""
+    """Per round, start the readers, release them with the writer, stop them when it is done.
+
+    Each reader is called as ``reader(round, done)`` and polls until ``done`` is set (then
+    makes one last read); the writer runs in this thread.
+    """
+    for round_ in _rounds(min_rounds, budget_s, max_rounds, problems):
+        _race_round(round_, readers, writer, problems)
+
+
+def _race_round(
+    round_: int,
+    readers: list[Callable[[int, threading.Event], None]],
+    writer: Callable[[int], None],
+    problems: _Problems,
+) -> None:
+    done = threading.Event()
+    barrier = threading.Barrier(len(readers) + 1)
+
+    def run(reader: Callable[[int, threading.Event], None]) -> None:
+        barrier.wait()
+        problems.guard(f"reader {reader.__name__} (round {round_})", lambda: reader(round_, done))
+
+    threads = [threading.Thread(target=run, args=(reader,)) for reader in readers]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
     try:
+        problems.guard(f"writer (round {round_})", lambda: writer(round_))
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join(timeout=30)
+
+
+class _LazyValues:
+    """Round ``r``'s key and value, made when first asked (the races run a varying number)."""
+
+    def __init__(self, k: Keyspace, stem: str, size: int) -> None:
+        self.k, self.stem, self.size = k, stem, size
+        self._made: dict[int, tuple[str, bytes]] = {}
+        self._lock = threading.Lock()
+
+    def _get(self, r: int) -> tuple[str, bytes]:
+        with self._lock:
+            if r not in self._made:
+                key = self.k(f"{self.stem}{r}")
+                self._made[r] = (key, make_value(key, self.size))
+            return self._made[r]
+
+    def key(self, r: int) -> str:
+        return self._get(r)[0]
+
+    def value(self, r: int) -> bytes:
+        return self._get(r)[1]
+
+    def drop(self, instance: StorageBackend, r: int) -> None:
+        """Forget round ``r``'s value, and delete its key where the backend can."""
+        with self._lock:
+            made = self._made.pop(r, None)
+        if made is not None and instance.capabilities.delete:
+            instance.delete(made[0])
+
+
+class TestFirstWins:
+    """``set`` is first-wins: a key keeps the first complete value written to it."""
+
+    def test_second_set_keeps_first_value(self, backend: StorageBackend, k: Keyspace) -> None:
+        """A second ``set`` with another value returns True and every read still gives the first.
+
+        Second values of the same size and of another size, through ``set`` and ``batch_set``.
+        """
+        cases = {
+            "same size": 3000,
+            "other size": 1234,
+        }
+        for label, size in cases.items():
+            for via in ("set", "batch_set"):
+                key = k(f"fw-{via}-{size}")
+                first, second = make_value(f"{key}:first", 3000), make_value(f"{key}:second", size)
+                names = {digest(first): "the first value", digest(second): "the second value"}
+                assert backend.set(key, first) is True, f"set({key!r}, first value) failed"
+                if via == "set":
+                    again = backend.set(key, second)
+                    assert again is True, (
+                        f"a second set({key!r}) ({label}) returned {again!r}; a key that holds a "
+                        f"value keeps it and set still returns True"
+                    )
+                else:
+                    again_many = backend.batch_set([key], [second])
+                    assert again_many == [True], (
+                        f"batch_set([{key!r}]) of a second value ({label}) returned "
+                        f"{again_many!r}; expected [True]"
+                    )
+                got = backend.get(key)
+                assert got is not None and digest(got) == digest(first), (
+                    f"after {via}({key!r}) of a second value ({label}), get returned "
+                    f"{_describe(got, names)}; set is first-wins: keep the first complete value"
+                )
+                out = bytearray(3000)
+                assert backend.get(key, out) is out and bytes(out) == first, (
+                    f"after {via}({key!r}) of a second value ({label}), get into a 3000-byte "
+                    f"buffer did not give the first value"
+                )
+                outs = [bytearray(3000)]
+                assert backend.batch_get([key], outs) == [True] and bytes(outs[0]) == first, (
+                    f"after {via}({key!r}) of a second value ({label}), batch_get did not give "
+                    f"the first value"
+                )
+
+    def test_concurrent_writers_agree_on_one_value(
+        self, hicache_factory: BackendFactory, capabilities: Capabilities, k: Keyspace
+    ) -> None:
+        """8 threads set 8 different values of one key at once; then all readers agree.
+
+        After every writer returned, every read (``get``, ``get`` into, ``batch_get``, and a
+        second instance when the store is shared or persistent) gives the same single complete
+        value, one of those written. With ``atomic_first_wins`` a value once read never changes:
+        each writer reads the key right after its ``set`` and until every writer is done.
+        """
+        writers, size = 8, 512 * KiB
+        problems = _Problems()
+        with _undegraded(hicache_factory) as instance:
+            for round_ in _rounds(4, 0.8, 30, problems):
+                key = k(f"cw{round_}")
+                values = [make_value(f"{key}:{i}", size) for i in range(writers)]
+                problems.guard(
+                    f"round {round_}",
+                    lambda key=key, values=values: _writers_agree(  # type: ignore[misc]
+                        hicache_factory, capabilities, instance, key, values
+                    ),
+                )
+                if capabilities.delete:
+                    instance.delete(key)
+            cleanup(hicache_factory, instance, k)
+        problems.check("concurrent writers of one key")
+
+
+def _writers_agree(
+    factory: BackendFactory,
+    capabilities: Capabilities,
+    instance: StorageBackend,
+    key: str,
+    values: list[bytes],
+) -> None:
+    """One round of :meth:`TestFirstWins.test_concurrent_writers_agree_on_one_value`."""
+    writers, size = len(values), len(values[0])
+    names = {digest(v): f"the value of writer {i}" for i, v in enumerate(values)}
+    barrier = threading.Barrier(writers)
+    lock = threading.Lock()
+    remaining = [writers]
+    seen: dict[int, list[str]] = {i: [] for i in range(writers)}
+
+    def write_then_read(i: int) -> None:
+        barrier.wait()
+        assert instance.set(key, values[i]) is True, f"set({key!r}) by writer {i} failed"
+        with lock:
+            remaining[0] -= 1
         while True:
-            finished = done.is_set()
-            got = backend.get(key)
-            if got is not None:
-                if digest(got) != expected:
-                    problems.append(f"partial or wrong value of {len(_bytes(got))} bytes")
+            with lock:
+                last = remaining[0] == 0
+            seen[i].append(_describe(instance.get(key), names))
+            if last:
                 return
-            if finished:
-                return
-    except BaseException:  # noqa: BLE001 - every failure in the reader is reported
-        problems.append(traceback.format_exc())
+
+    errors = _run_threads(writers, write_then_read)
+    assert not errors, f"a writer of {key!r} failed: {errors[0]}"
+    final = _describe(instance.get(key), names)
+    assert final in names.values(), (
+        f"after {writers} concurrent set({key!r}) of different values, get returned {final}; "
+        f"expected one complete value of those written"
+    )
+    out = bytearray(size)
+    views = {"get into": _describe(out if instance.get(key, out) is not None else None, names)}
+    outs = [bytearray(size)]
+    hits = instance.batch_get([key], outs)
+    views["batch_get"] = _describe(outs[0] if hits == [True] else None, names)
+    if capabilities.shared or capabilities.persistent:
+        with factory() as other:
+            views["get on another instance"] = _describe(other.get(key), names)
+    for i, reads in seen.items():
+        views[f"writer {i}'s last read"] = reads[-1]
+    differing = {view: got for view, got in views.items() if got != final}
+    assert not differing, (
+        f"after concurrent writers of {key!r} finished, get returned {final} but {differing}: "
+        f"every reader must see the same single complete value"
+    )
+    if capabilities.atomic_first_wins:
+        changed = {i: sorted(set(reads)) for i, reads in seen.items() if set(reads) != {final}}
+        assert not changed, (
+            f"{key!r} changed value while concurrent writers ran (atomic_first_wins is claimed): "
+            f"writers read {changed} after their set returned, and the key finally holds {final}; "
+            f"publish exclusively (link, SET NX, If-None-Match) so the first value is kept"
+        )
 
 
 class TestConcurrency:
@@ -101,7 +350,7 @@ class TestConcurrency:
             return 512 + (sum(key.encode()) * 131) % (16 * KiB)
 
         def check(key: str, got: object) -> None:
-            assert got is not None
+            assert got is not None, f"get({key!r}) missed a value this thread stored"
             assert _bytes(got) == make_value(key, size_of(key)), f"wrong bytes for {key}"
 
         def body(i: int) -> None:
@@ -141,20 +390,189 @@ class TestConcurrency:
                 check(key, got)
 
     def test_reader_racing_writer_sees_none_or_whole(
-        self, backend: StorageBackend, k: Keyspace
+        self, hicache_factory: BackendFactory, k: Keyspace
     ) -> None:
+        """Readers poll ``get``, ``get`` into and ``batch_get`` while a 4 MiB value is written.
+
+        Each read is a miss or the whole value; at least 6 rounds and 0.8 s, each releasing the
+        readers with the writer.
+        """
         size = 4 * MiB
-        for round_ in range(3):
-            key = k(f"race{round_}")
-            value = make_value(key, size)
-            expected = digest(value)
-            done = threading.Event()
-            problems: list[str] = []
-            thread = threading.Thread(
-                target=_poll_until_value, args=(backend, key, expected, done, problems)
-            )
-            thread.start()
-            assert backend.set(key, value)
-            done.set()
-            thread.join(timeout=30)
-            assert not problems, problems[0]
+        problems = _Problems()
+        keys = _LazyValues(k, "race", size)
+
+        with _undegraded(hicache_factory) as instance:
+
+            def check(how: str, r: int, got: object) -> bool:
+                if got is None:
+                    return False
+                if _bytes(got) != keys.value(r):
+                    problems.add(
+                        f"{how}({keys.key(r)!r}) returned {len(_bytes(got))} bytes that are not "
+                        f"the {size}-byte value being written: a reader saw a partial value"
+                    )
+                return True
+
+            def poll_get(r: int, done: threading.Event) -> None:
+                while not (check("get", r, instance.get(keys.key(r))) or done.is_set()):
+                    pass
+                check("get", r, instance.get(keys.key(r)))
+
+            def poll_get_into(r: int, done: threading.Event) -> None:
+                out = bytearray(size)
+                while not done.is_set():
+                    if instance.get(keys.key(r), out) is not None:
+                        check("get into", r, out)
+                        return
+
+            def poll_batch_get(r: int, done: threading.Event) -> None:
+                outs = [bytearray(size)]
+                while not done.is_set():
+                    if instance.batch_get([keys.key(r)], outs) == [True]:
+                        check("batch_get", r, outs[0])
+                        return
+
+            def write(r: int) -> None:
+                assert instance.set(keys.key(r), keys.value(r)), f"set({keys.key(r)!r}) failed"
+                keys.drop(instance, r - 1)
+
+            _race([poll_get, poll_get_into, poll_batch_get], write, problems)
+            cleanup(hicache_factory, instance, k)
+        problems.check("readers racing a writer")
+
+    def test_exists_true_means_get_returns_whole_value(
+        self, hicache_factory: BackendFactory, k: Keyspace
+    ) -> None:
+        """While a 4 MiB value is written, ``exists`` is never True before ``get`` gives it whole.
+
+        Readers poll ``exists`` (and ``batch_exists``); the moment it says yes they read the key,
+        which must return the complete value: a backend that publishes its index (or metadata)
+        before the data fails every round.
+        """
+        size = 4 * MiB
+        problems = _Problems()
+        keys = _LazyValues(k, "pub", size)
+
+        with _undegraded(hicache_factory) as instance:
+
+            def read_after(how: str, r: int) -> None:
+                got = instance.get(keys.key(r))
+                if got is None or _bytes(got) != keys.value(r):
+                    what = "None (a miss)" if got is None else f"{len(_bytes(got))} other bytes"
+                    problems.add(
+                        f"{how}({keys.key(r)!r}) was True while set was writing it, but get then "
+                        f"returned {what}: exists must not be True before the whole value can be "
+                        f"read"
+                    )
+
+            def poll_exists(r: int, done: threading.Event) -> None:
+                while not done.is_set():
+                    if instance.exists(keys.key(r)):
+                        read_after("exists", r)
+                        return
+
+            def poll_batch_exists(r: int, done: threading.Event) -> None:
+                while not done.is_set():
+                    if instance.batch_exists([keys.key(r)]) == 1:
+                        read_after("batch_exists", r)
+                        return
+
+            def write(r: int) -> None:
+                assert instance.set(keys.key(r), keys.value(r)), f"set({keys.key(r)!r}) failed"
+                assert instance.exists(keys.key(r)), f"exists({keys.key(r)!r}) is False after set"
+                read_after("exists", r)
+                keys.drop(instance, r - 1)
+
+            _race([poll_exists, poll_exists, poll_batch_exists], write, problems)
+            cleanup(hicache_factory, instance, k)
+        problems.check("exists racing a writer")
+
+    @requires("delete")
+    def test_readers_racing_deleters_none_or_whole(
+        self, hicache_factory: BackendFactory, k: Keyspace
+    ) -> None:
+        """Writers, deleters and readers hammer the same 4 keys; every read is None or whole.
+
+        No read raises (a raw ``FileNotFoundError`` from a file deleted between two steps of a
+        read, or a ``BackendError`` for what is a miss), and none returns part of a value.
+        """
+        keys = k.many("rd", 4)
+        size = 96 * KiB
+        values = {key: make_value(key, size) for key in keys}
+        problems = _Problems()
+        stop = threading.Event()
+        budget_s, reads_needed = 0.8, 2000
+        reads = [0]
+
+        with _undegraded(hicache_factory) as instance:
+
+            def check(how: str, key: str, got: object) -> None:
+                if got is not None and _bytes(got) != values[key]:
+                    problems.add(
+                        f"{how}({key!r}) racing delete returned {len(_bytes(got))} bytes that "
+                        f"are not the value: expected None or the whole value"
+                    )
+
+            def writer(i: int) -> None:
+                while not stop.is_set():
+                    for key in keys:
+                        instance.set(key, values[key])
+
+            def deleter(i: int) -> None:
+                while not stop.is_set():
+                    for key in keys[i % 2 :: 2]:
+                        instance.delete(key)
+
+            def reader(i: int) -> None:
+                out = bytearray(size)
+                while not stop.is_set():
+                    for key in keys:
+                        if i == 0:
+                            check("get", key, instance.get(key))
+                        elif i == 1:
+                            check("get into", key, instance.get(key, out) and out)
+                        else:
+                            outs = [bytearray(size)]
+                            check(
+                                "batch_get",
+                                key,
+                                outs[0] if instance.batch_get([key], outs)[0] else None,
+                            )
+                            instance.exists(key)
+                            instance.batch_exists([key])
+                    with problems.lock:
+                        reads[0] += len(keys)
+
+            roles: list[tuple[str, Callable[[int], None], int]] = [
+                ("writer", writer, 0),
+                ("writer", writer, 1),
+                ("deleter", deleter, 0),
+                ("deleter", deleter, 1),
+                ("reader", reader, 0),
+                ("reader", reader, 1),
+                ("reader", reader, 2),
+            ]
+            barrier = threading.Barrier(len(roles))
+
+            def run(role: int) -> None:
+                name, fn, i = roles[role]
+                barrier.wait()
+                try:
+                    problems.guard(f"{name} {i}", lambda: fn(i))
+                finally:
+                    stop.set()
+
+            threads = [threading.Thread(target=run, args=(r,)) for r in range(len(roles))]
+            for thread in threads:
+                thread.start()
+            start = time.monotonic()
+            while not stop.is_set() and not problems.items:
+                elapsed = time.monotonic() - start
+                if elapsed >= 3 * budget_s or (elapsed >= budget_s and reads[0] >= reads_needed):
+                    break
+                time.sleep(0.01)
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=30)
+            cleanup(hicache_factory, instance, k)
+        problems.check("reads racing writes and deletes")

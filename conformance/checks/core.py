@@ -10,7 +10,18 @@ import pytest
 import torch
 
 from hicache_storage.backend import StorageBackend
-from hicache_storage.conformance.checks.common import KiB, MiB, _bytes
+from hicache_storage.buffers import as_writable
+from hicache_storage.conformance.checks.common import (
+    KiB,
+    MiB,
+    _bytes,
+    _indices,
+    _pool,
+    _random_fill,
+    _sentinel_fill,
+    mismatch,
+    page_bytes,
+)
 from hicache_storage.conformance.fixtures import Keyspace
 from hicache_storage.conformance.workers import digest, make_value
 
@@ -84,6 +95,39 @@ class TestRoundTrip:
         out = _out_buffers()[kind](len(raw))
         assert backend.get(k("v"), out) is out  # type: ignore[arg-type]
         assert _bytes(out) == raw
+
+    def test_set_copies_value_before_returning(self, backend: StorageBackend, k: Keyspace) -> None:
+        # The caller reuses its buffers (a host page is refilled for the next request).
+        raw = make_value(k("v"), 64 * KiB + 5)
+        sources: dict[str, bytearray | np.ndarray | torch.Tensor] = {
+            "bytearray": bytearray(raw),
+            "numpy": np.frombuffer(raw, dtype=np.uint8).copy(),
+            "torch": torch.frombuffer(bytearray(raw), dtype=torch.uint8),
+        }
+        for kind, source in sources.items():
+            assert backend.set(k(kind), source) is True  # type: ignore[arg-type]
+            np.frombuffer(as_writable(source), dtype=np.uint8)[:] = 0
+        batch = bytearray(raw)
+        assert backend.batch_set([k("batch")], [batch]) == [True]
+        batch[:] = b"\xff" * len(raw)
+        for kind in [*sources, "batch"]:
+            got = backend.get(k(kind))
+            assert got is not None, f"get of {k(kind)!r} missed after set from a {kind}"
+            problem = mismatch("get", k(kind), got, raw)
+            assert problem is None, (
+                f"{problem}: the caller changed its {kind} buffer after set returned, and the "
+                "stored value changed with it (set must copy the value before it returns)"
+            )
+        pool = _pool("mla", "page_first")  # one buffer per page: the value is the pool's memory
+        _random_fill(pool, seed=41)
+        backend.register_host_pool(pool)
+        want = page_bytes(pool, _indices(pool, [2]))[0]
+        assert backend.batch_set_v1([k("page")], _indices(pool, [2])) == [True]
+        _sentinel_fill(pool)
+        got = backend.get(k("page"))
+        assert got is not None, "get of a page written with batch_set_v1 missed"
+        problem = mismatch("get after batch_set_v1", k("page"), got, want)
+        assert problem is None, f"{problem}: the page changed after batch_set_v1 returned"
 
     def test_exists_agrees_with_get_after_set(self, backend: StorageBackend, k: Keyspace) -> None:
         assert backend.exists(k("v")) is False and backend.get(k("v")) is None

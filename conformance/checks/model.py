@@ -47,6 +47,7 @@ class _DictModelMachine(RuleBasedStateMachine):
         self.backend = self.factory()
         self.model: dict[str, set[bytes]] = {}
         self.can_clear = True
+        self.cleared_nonempty = False
 
     def _key(self, name: str) -> str:
         return self.ks(name)
@@ -118,6 +119,10 @@ class _DictModelMachine(RuleBasedStateMachine):
         except UnsupportedOperationError:
             self.can_clear = False
             return
+        for key in sorted(self.model):
+            assert not self.backend.exists(key), f"exists({key!r}) is True after clear()"
+            assert self.backend.get(key) is None, f"get({key!r}) returned a value after clear()"
+        self.cleared_nonempty = self.cleared_nonempty or bool(self.model)
         self.model.clear()
 
     @precondition(lambda self: self.caps.persistent)
@@ -128,6 +133,13 @@ class _DictModelMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
+            if self.can_clear and not self.cleared_nonempty:
+                # Every run clears a store that holds values, whatever steps were drawn.
+                for name in ("a", "b"):
+                    self.set_value(name, b"before clear " + name.encode())
+                self.clear()
+                self.batch_exists_prefix(["a", "b"])
+                self.get("a")
             cleanup(self.factory, self.backend, self.ks)
         finally:
             self.backend.close()

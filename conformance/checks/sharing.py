@@ -1,17 +1,27 @@
-"""One store, several instances: other processes and reopened instances see the values."""
+"""One store, several instances: other processes and reopened instances see the values.
+
+How fresh one instance's view is of another's writes and deletes is part of the contract: a
+value ``set`` on one instance is readable on every other at once; after a ``delete``, ``get``
+on every other instance misses at once, and ``exists`` may go on reporting the key for at most
+``Capabilities.exists_stale_s`` seconds (the lifetime of an existence cache; 0 by default).
+"""
 
 # ruff: noqa: D102 - each check is named test_<what>_<condition>; the name is its doc
 from __future__ import annotations
 
 import concurrent.futures
 import multiprocessing
+import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 
 from hicache_storage.backend import StorageBackend
+from hicache_storage.capabilities import Capabilities
 from hicache_storage.conformance.checks.common import (
+    SLACK_S,
     KiB,
     _bytes,
     _expected_after_load,
@@ -26,7 +36,7 @@ from hicache_storage.conformance.factory import BackendFactory
 from hicache_storage.conformance.fixtures import Keyspace, cleanup
 from hicache_storage.conformance.workers import digest, make_value, read_digests, write_values
 
-__all__ = ["TestMultiProcess", "TestPersistence"]
+__all__ = ["TestMultiProcess", "TestPersistence", "TestStaleViews"]
 
 
 def _spawn_call(fn: Callable[..., Any], *args: Any, timeout: float = 60.0) -> Any:
@@ -99,3 +109,124 @@ class TestPersistence:
             assert second.batch_get_v1([k("page")], _indices(target, [2])) == [True]
             assert torch.equal(_raw(target), expected_raw)
             cleanup(hicache_factory, second, k)
+
+
+_STALE_LIMIT_S = 10.0
+"""The longest stated staleness bound the suite waits out; a longer one is skipped."""
+
+
+def _two(factory: BackendFactory) -> tuple[StorageBackend, StorageBackend]:
+    return factory(), factory()
+
+
+class TestStaleViews:
+    """Two instances over one store: how soon each sees the other's writes and deletes."""
+
+    @requires("shared")
+    def test_set_on_one_instance_visible_on_another_at_once(
+        self, hicache_factory: BackendFactory, k: Keyspace
+    ) -> None:
+        """A value ``set`` on A is read by B at once, even right after B saw the key missing.
+
+        B's get, exists and batch_exists see it as soon as A's set returned (no cached misses),
+        and a second ``set`` on B keeps A's value.
+        """
+        key = k("fresh")
+        value = make_value(key, 3 * KiB + 1)
+        a, b = _two(hicache_factory)
+        with a, b:
+            try:
+                assert b.get(key) is None and not b.exists(key), f"{key!r} exists before set"
+                assert b.batch_exists([key]) == 0
+                assert a.set(key, value), f"set({key!r}) on instance A failed"
+                got = b.get(key)
+                assert got is not None and _bytes(got) == value, (
+                    f"get({key!r}) on instance B right after A's set returned "
+                    f"{'None' if got is None else 'other bytes'}: a write is visible to every "
+                    f"instance once set returns (do not cache misses)"
+                )
+                assert b.exists(key), (
+                    f"exists({key!r}) on instance B is False right after A's set returned"
+                )
+                assert b.batch_exists([key]) == 1, (
+                    f"batch_exists([{key!r}]) on instance B is 0 right after A's set returned"
+                )
+                assert b.set(key, make_value(f"{key}:b", 2 * KiB)), f"B's set({key!r}) failed"
+                for name, instance in (("A", a), ("B", b)):
+                    got = instance.get(key)
+                    assert got is not None and _bytes(got) == value, (
+                        f"after B set {key!r} again with another value, get on {name} did not "
+                        f"return A's first value: set is first-wins across instances"
+                    )
+            finally:
+                cleanup(hicache_factory, a, k)
+
+    @requires("shared", "delete")
+    def test_delete_on_one_instance_get_on_another_misses_at_once(
+        self, hicache_factory: BackendFactory, k: Keyspace
+    ) -> None:
+        """After A's ``delete`` returns, B's get, get into and batch_get miss at once."""
+        key = k("gone")
+        value = make_value(key, 5 * KiB)
+        a, b = _two(hicache_factory)
+        with a, b:
+            try:
+                assert a.set(key, value), f"set({key!r}) on instance A failed"
+                got = b.get(key)  # B has read it: any value or metadata cache of B is warm
+                assert got is not None and _bytes(got) == value, f"B cannot read {key!r}"
+                assert b.exists(key) and b.batch_get([key], [bytearray(len(value))]) == [True]
+                assert a.delete(key) is True, f"delete({key!r}) on instance A returned False"
+                reads = {
+                    "get": b.get(key) is not None,
+                    "get into": b.get(key, bytearray(len(value))) is not None,
+                    "batch_get": b.batch_get([key], [bytearray(len(value))]) == [True],
+                }
+                served = sorted(op for op, hit in reads.items() if hit)
+                assert not served, (
+                    f"after instance A deleted {key!r}, {', '.join(served)} on instance B still "
+                    f"returned the deleted value: get is never stale (a value cache must be "
+                    f"invalidated, or not kept across instances)"
+                )
+            finally:
+                cleanup(hicache_factory, a, k)
+
+    @requires("shared", "delete")
+    def test_exists_after_delete_on_another_instance_within_stated_bound(
+        self, hicache_factory: BackendFactory, capabilities: Capabilities, k: Keyspace
+    ) -> None:
+        """After A deletes a key B saw, B's exists turns False within ``exists_stale_s``.
+
+        ``exists`` and ``batch_exists`` on B may say True for the stated bound (plus slack), no
+        longer; then a ``set`` on B stores a new value again.
+        """
+        bound = float(capabilities.exists_stale_s)
+        if bound > _STALE_LIMIT_S:
+            pytest.skip(f"exists_stale_s of {bound:g} s is longer than the suite waits")
+        limit = bound + (SLACK_S / 2 if bound else 0.25)
+        key = k("stale")
+        a, b = _two(hicache_factory)
+        with a, b:
+            try:
+                assert a.set(key, b"old value"), f"set({key!r}) on instance A failed"
+                assert b.exists(key) and b.batch_exists([key]) == 1, f"B does not see {key!r}"
+                assert a.delete(key) is True, f"delete({key!r}) on instance A returned False"
+                start = time.monotonic()
+                while b.exists(key) or b.batch_exists([key]):
+                    waited = time.monotonic() - start
+                    assert waited <= limit, (
+                        f"exists({key!r}) on instance B still True {waited:.2f}s after instance "
+                        f"A deleted it; the backend states exists_stale_s={bound:g} (checked "
+                        f"with {limit - bound:g}s of slack)"
+                    )
+                    time.sleep(0.02)
+                new = make_value(f"{key}:new", 2 * KiB)
+                assert b.set(key, new), f"set({key!r}) on B after the delete failed"
+                for name, instance in (("B", b), ("A", a)):
+                    got = instance.get(key)
+                    assert got is not None and _bytes(got) == new, (
+                        f"after A deleted {key!r} and B's exists turned False, B's set of a new "
+                        f"value was not stored: get on {name} returned "
+                        f"{'None' if got is None else 'other bytes'}"
+                    )
+            finally:
+                cleanup(hicache_factory, a, k)

@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import hashlib
+import tracemalloc
+from collections.abc import Callable
 
 import pytest
 import torch
 
-from hicache_storage.backend import StorageBackend
+from hicache_storage.backend import HostPool, StorageBackend
 from hicache_storage.conformance.checks.common import (
     SENTINEL,
+    MiB,
     _bytes,
     _expected_after_load,
     _indices,
@@ -18,14 +21,30 @@ from hicache_storage.conformance.checks.common import (
     _random_fill,
     _raw,
     _sentinel_fill,
+    fill_random,
+    mismatch,
+    model_pool,
+    page_bytes,
+    pages_mismatch,
+    pool_pages,
+    requires,
+    value_limit,
 )
 from hicache_storage.conformance.factory import BackendFactory
 from hicache_storage.conformance.fixtures import Keyspace
+from hicache_storage.conformance.workers import make_value
 from hicache_storage.errors import BufferSizeError, IndexAlignmentError, PoolNotRegisteredError
 from hicache_storage.hostpool import UnifiedObjectPool
 from hicache_storage.keys import plan_unified
+from hicache_storage.vectored import IOV_MAX
 
-__all__ = ["TestZeroCopy", "TestUnifiedObjects", "TestBufferSize"]
+__all__ = [
+    "TestModelPages",
+    "TestNativeZeroCopy",
+    "TestZeroCopy",
+    "TestUnifiedObjects",
+    "TestBufferSize",
+]
 
 POOL_CASES = [
     pytest.param(kind, layout, id=f"{kind}-{layout}")
@@ -81,15 +100,30 @@ class TestZeroCopy:
         assert backend.batch_get_v1([k("absent")], _indices(pool, [3])) == [False]
         assert bool((_raw(pool) == SENTINEL).all())
 
+    @pytest.mark.parametrize("size", ["shorter", "longer", "double"])
+    @pytest.mark.parametrize(
+        ("kind", "layout"), [("mla", "page_first"), ("mha", "layer_first")], ids=["one", "many"]
+    )
     def test_v1_size_mismatch_is_miss_page_untouched(
-        self, backend: StorageBackend, k: Keyspace
+        self, backend: StorageBackend, k: Keyspace, kind: str, layout: str, size: str
     ) -> None:
-        pool = _pool("mha", "page_first")
+        # one / many: a page of one buffer (read in place) or of many; the neighbours must
+        # stay untouched too, so a read of the whole object into the page's memory shows.
+        pool = _pool(kind, layout)
         _sentinel_fill(pool)
-        assert backend.set(k("short"), b"z" * (pool.page_nbytes - 1))
+        before = pool_pages(pool)
+        nbytes = {"shorter": pool.page_nbytes - 1, "longer": pool.page_nbytes + 1}.get(
+            size, 2 * pool.page_nbytes
+        )
+        assert backend.set(k("odd"), make_value(k("odd"), nbytes))
         backend.register_host_pool(pool)
-        assert backend.batch_get_v1([k("short")], _indices(pool, [2])) == [False]
-        assert bool((_raw(pool) == SENTINEL).all())
+        got = backend.batch_get_v1([k("odd")], _indices(pool, [3]))
+        assert got == [False], (
+            f"batch_get_v1 of a {nbytes}-byte object into a {pool.page_nbytes}-byte page "
+            f"returned {got}, expected [False] (a size mismatch is a miss)"
+        )
+        problem = pages_mismatch(f"a {size} object's batch_get_v1 into page 3", pool, before)
+        assert problem is None, problem
 
     def test_v1_disjoint_pages_one_pool(self, backend: StorageBackend, k: Keyspace) -> None:
         source = _pool("mla", "page_first")
@@ -185,6 +219,213 @@ class TestUnifiedObjects:
         untouched = [p for p in range(target.pool.num_pages) if p not in (3, 0)]
         rest = target.page_buffer_views(target.object_indices(_indices(target.pool, untouched)))
         assert all(set(bytes(v)) <= {SENTINEL} for spans in rest for v in spans)
+
+    @pytest.mark.parametrize("size", ["largest", "plus_one", "minus_one"])
+    def test_unified_object_size_mismatch_is_miss(
+        self, backend: StorageBackend, k: Keyspace, size: str
+    ) -> None:
+        # Two objects per page: layers 0-1 and a shorter last chunk, layer 2. The pool's
+        # page_nbytes is the larger object's size; each object's own size is its spans' sum.
+        plan = plan_unified(
+            model_id="conformance",
+            dtype="float16",
+            page_size=4,
+            num_layers=3,
+            layer_partition=2,
+            local_kv_heads=2,
+            head_group=2,
+        )
+        objects = UnifiedObjectPool(_pool("mha", "page_first", layers=3), plan)
+        _sentinel_fill(objects.pool)
+        before = pool_pages(objects.pool)
+        big, small = objects.object_nbytes(0), objects.object_nbytes(1)
+        assert objects.page_nbytes == big > small
+        keys = plan.keys([hashlib.sha256(k("sized").encode()).hexdigest()])
+        k.used.update(keys)
+        wrong = {"largest": objects.page_nbytes, "plus_one": small + 1}.get(size, small - 1)
+        right = make_value(keys[0], big)
+        assert backend.set(keys[0], right) and backend.set(keys[1], make_value(keys[1], wrong))
+        backend.register_host_pool(objects)
+        indices = objects.object_indices(_indices(objects.pool, [2]))
+        got = backend.batch_get_v1(keys, indices)
+        assert got == [True, False], (
+            f"batch_get_v1 of unified objects of {big} bytes (right size) and {wrong} bytes "
+            f"(its object has {small}; the pool's page_nbytes is {objects.page_nbytes}) returned "
+            f"{got}, expected [True, False]: compare each object with its own buffers' size"
+        )
+        have = page_bytes(objects, indices[: objects.page_size])[0]
+        problem = mismatch("batch_get_v1", keys[0], have, right)
+        assert problem is None, problem
+        expected = list(before)
+        expected[2] = pool_pages(objects.pool)[2]  # object 0 loaded; checked just above
+        problem = pages_mismatch(
+            f"batch_get_v1 with a {size} unified object", objects.pool, expected
+        )
+        assert problem is None, problem
+        untouched = page_bytes(objects, indices[objects.page_size :])[0]
+        assert set(untouched) == {SENTINEL}, (
+            f"batch_get_v1 of a {wrong}-byte object into a {small}-byte unified object wrote it"
+        )
+
+
+class TestModelPages:
+    """Pages of real models (MiB-sized, many buffers) move between store and pool byte-exact."""
+
+    @pytest.mark.parametrize(
+        ("kind", "layout", "geometry"),
+        [
+            # (page_size, layers, heads, head_dim): 6, 5 and 4.5 MiB MHA pages, a 4.3 MiB
+            # MLA page (DeepSeek-like: 61 layers of 576-element latents).
+            pytest.param("mha", "layer_first", (128, 12, 8, 128), id="mha-layer_first-6MiB"),
+            pytest.param("mha", "page_first", (128, 10, 8, 128), id="mha-page_first-5MiB"),
+            pytest.param(
+                "mha", "page_first_direct", (128, 9, 8, 128), id="mha-page_first_direct-4.5MiB"
+            ),
+            pytest.param("mla", "page_first_direct", (64, 61, 1, 576), id="mla-direct-4.3MiB"),
+        ],
+    )
+    def test_v1_model_page_sizes_every_byte(
+        self,
+        backend: StorageBackend,
+        hicache_factory: BackendFactory,
+        k: Keyspace,
+        kind: str,
+        layout: str,
+        geometry: tuple[int, int, int, int],
+    ) -> None:
+        page_size, layers, heads, head_dim = geometry
+        pool = model_pool(
+            kind,
+            layout,
+            pages=4,
+            page_size=page_size,
+            layers=layers,
+            heads=heads,
+            head_dim=head_dim,
+        )
+        assert pool.page_nbytes > 4 * MiB, "the check needs pages larger than 4 MiB"
+        if pool.page_nbytes > value_limit(backend, hicache_factory.options, pool.page_nbytes):
+            pytest.skip(f"a {pool.page_nbytes}-byte page exceeds max_value_size or the capacity")
+        fill_random(pool, seed=23)
+        _check_pages_move(backend, k, pool, f"{kind}-{layout}")
+
+    @pytest.mark.parametrize("shape", ["layer_first", "unified"])
+    def test_v1_more_buffers_than_iov_max(
+        self, backend: StorageBackend, k: Keyspace, shape: str
+    ) -> None:
+        if shape == "layer_first":
+            # 2 * layers buffers of 16 bytes per page: more than two IOV_MAX chunks.
+            layers = IOV_MAX + 11
+            host = model_pool(
+                "mha", "layer_first", pages=4, page_size=2, layers=layers, heads=1, head_dim=4
+            )
+            fill_random(host, seed=29)
+            pool: HostPool = host
+            keys = k.many("iov", 2)
+        else:
+            # One unified object per page spanning 2 * layers * page_size = 1536 pieces.
+            plan = plan_unified(
+                model_id="conformance",
+                dtype="float16",
+                page_size=32,
+                num_layers=24,
+                local_kv_heads=2,
+                head_group=2,
+            )
+            pool = UnifiedObjectPool(_pool("mha", "page_first", page_size=32, layers=24), plan)
+            fill_random(pool.pool, seed=31)
+            keys = plan.keys([hashlib.sha256(k(f"iov{i}").encode()).hexdigest() for i in range(2)])
+            k.used.update(keys)
+        spans = len(pool.page_buffer_views(_page_indices(pool, [0]))[0])
+        assert spans > IOV_MAX, f"the check needs more than {IOV_MAX} buffers per page"
+        _check_pages_move(backend, k, pool, f"{spans}-buffer", keys=keys)
+
+
+def _page_indices(pool: HostPool, pages: list[int]) -> torch.Tensor:
+    if isinstance(pool, UnifiedObjectPool):
+        return pool.object_indices(_indices(pool.pool, pages))
+    return _indices(pool, pages)  # type: ignore[arg-type]
+
+
+def _check_pages_move(
+    backend: StorageBackend,
+    k: Keyspace,
+    pool: HostPool,
+    what: str,
+    keys: list[str] | None = None,
+) -> None:
+    """Write pages 0 and 2 with batch_set_v1, read them back with get and into pages 3 and 1."""
+    keys = keys if keys is not None else k.many(f"{what}-", 2)
+    backend.register_host_pool(pool)
+    source = _page_indices(pool, [0, 2])
+    want = page_bytes(pool, source)
+    oks = backend.batch_set_v1(keys, source)
+    assert oks == [True, True], f"batch_set_v1 of two {what} pages returned {oks}"
+    for key, expected in zip(keys, want, strict=True):
+        stored = backend.get(key)
+        assert stored is not None, f"get of {key!r} written by batch_set_v1 missed"
+        problem = mismatch(f"get after batch_set_v1 of a {what} page", key, stored, expected)
+        assert problem is None, problem
+    target = _page_indices(pool, [3, 1])
+    hits = backend.batch_get_v1(keys, target)
+    assert hits == [True, True], f"batch_get_v1 of two {what} pages returned {hits}"
+    for key, have, expected in zip(keys, page_bytes(pool, target), want, strict=True):
+        problem = mismatch(f"batch_get_v1 of a {what} page", key, have, expected)
+        assert problem is None, problem
+    problem = mismatch("batch_get_v1 (source pages)", keys[0], page_bytes(pool, source)[0], want[0])
+    assert problem is None, f"{problem}: a read changed a page it was not given"
+
+
+class TestNativeZeroCopy:
+    """A backend that claims ``native_zero_copy`` moves pages without staging them in Python."""
+
+    @requires("native_zero_copy")
+    def test_native_zero_copy_no_page_sized_staging(
+        self, backend: StorageBackend, k: Keyspace
+    ) -> None:
+        bare = type(backend.unwrap()) if hasattr(backend, "unwrap") else type(backend)
+        for name in ("batch_get_v1", "batch_set_v1"):
+            assert getattr(bare, name) is not getattr(StorageBackend, name), (
+                f"{bare.__name__} claims native_zero_copy but inherits StorageBackend.{name}, "
+                "the default that stages multi-buffer pages through a page-sized temporary"
+            )
+        # A 16 MiB page of 64 buffers of 256 KiB (layer_first, 32 layers of 8 heads of 128).
+        pool = model_pool("mha", "layer_first", pages=2, page_size=128, layers=32)
+        fill_random(pool, seed=37)
+        backend.register_host_pool(pool)
+        keys = [k("zc")]
+        want = page_bytes(pool, _indices(pool, [0]))[0]
+        peak, oks = _peak_python_bytes(lambda: backend.batch_set_v1(keys, _indices(pool, [0])))
+        assert oks == [True], f"batch_set_v1 of a 16 MiB page returned {oks}"
+        assert pool.page_nbytes == 16 * MiB
+        assert peak < pool.page_nbytes // 4, (
+            f"batch_set_v1 of a {pool.page_nbytes}-byte page allocated {peak} bytes of Python "
+            "memory at its peak: a native_zero_copy backend writes from the page's buffers"
+        )
+        peak, hits = _peak_python_bytes(lambda: backend.batch_get_v1(keys, _indices(pool, [1])))
+        assert hits == [True], f"batch_get_v1 of a 16 MiB page returned {hits}"
+        assert peak < pool.page_nbytes // 4, (
+            f"batch_get_v1 of a {pool.page_nbytes}-byte page allocated {peak} bytes of Python "
+            "memory at its peak: a native_zero_copy backend reads into the page's buffers"
+        )
+        problem = mismatch("batch_get_v1", keys[0], page_bytes(pool, _indices(pool, [1]))[0], want)
+        assert problem is None, problem
+
+
+def _peak_python_bytes(call: Callable[[], list[bool]]) -> tuple[int, list[bool]]:
+    """Run ``call``; return its peak of Python allocations (``tracemalloc``) and its result."""
+    started = not tracemalloc.is_tracing()
+    if started:
+        tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base, _ = tracemalloc.get_traced_memory()
+        result = call()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        if started:
+            tracemalloc.stop()
+    return peak - base, result
 
 
 class TestBufferSize:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from hicache_storage import BackendSpec, Capabilities
 
-__all__ = ["MODULES", "Bug", "all_bugs", "bug"]
+__all__ = ["MODULES", "REFERENCE", "Bug", "all_bugs", "bug"]
 
-MODULES = ("dict_bugs",)
+MODULES = ("dict_bugs", "semantic_bugs", "data_bugs")
 """The modules that declare ``BUGS``; the plugin registers every one of them."""
 
 
@@ -46,6 +46,23 @@ def bug(
         description=description,
     )
     return Bug(spec, caught_by)
+
+
+REFERENCE = BackendSpec(
+    name="reference-file",
+    factory="tests.broken_backends.reference:FilePerKey",
+    config="tests.broken_backends.reference:FilePerKeyConfig",
+    capabilities=Capabilities(
+        persistent=True,
+        shared=True,
+        native_zero_copy=True,
+        delete=True,
+        crash_safe_writes=True,
+        atomic_first_wins=True,
+    ),
+    description="correct one-file-per-key backend written with the kit (the bugs' base)",
+)
+"""The correct backend the file-based bugs start from; it must pass the whole suite."""
 
 
 def all_bugs() -> list[Bug]:

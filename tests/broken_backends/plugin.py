@@ -1,27 +1,30 @@
-"""Registers the broken backends, as a pytest plugin: ``-p tests.broken_backends.plugin``.
+"""The hicache plugin of the broken backends and of the reference backend they start from.
 
-Loaded into the suite's pytest process (with the repository root on ``PYTHONPATH``), it registers
-itself with the hicache-storage registry before the suite resolves ``--hicache-backend``, so the
-broken backends never appear in any other process.
+``tests/test_teeth.py`` names it in ``HICACHE_PLUGINS`` (with the repository root on
+``PYTHONPATH``), so the suite's process and its worker processes find these backends and no
+other process does. Loaded with ``pytest -p tests.broken_backends.plugin`` instead, it registers
+itself in that pytest process only (enough for backends the multi-process checks skip).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 import pytest
 
 from hicache_storage import BackendSpec, hookimpl, register_plugin, unregister_plugin
+from hicache_storage.registry import PLUGINS_ENV
 
-from . import all_bugs
+from . import REFERENCE, all_bugs
 from .dict_bugs import HangsWhenDown
 
 
 @hookimpl
 def hicache_backends() -> list[BackendSpec]:
     """Provide the broken backends."""
-    return [found.spec for found in all_bugs()]
+    return [REFERENCE, *(found.spec for found in all_bugs())]
 
 
 class HangServer:
@@ -46,10 +49,7 @@ def hicache_conformance_server(name: str, options: dict[str, Any]) -> HangServer
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the broken backends with hicache-storage before the suite looks them up."""
-    register_plugin(sys.modules[__name__], name="broken-backends")
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """Undo the registration."""
-    unregister_plugin(sys.modules[__name__])
+    """Register the broken backends before the suite looks them up (unless the env did)."""
+    if __name__ not in os.environ.get(PLUGINS_ENV, ""):
+        register_plugin(sys.modules[__name__], name=__name__)
+        config.add_cleanup(lambda: unregister_plugin(sys.modules[__name__]))

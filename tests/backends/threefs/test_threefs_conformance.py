@@ -21,7 +21,7 @@ def test_suite_passes_with_in_process_metadata(tmp_path: Path) -> None:
     config = {"path": str(tmp_path / "store"), **GEOMETRY}
     assert run_suite("3fs", config, tmp_path / "report") == 0
     report = load_report(tmp_path / "report")
-    assert_conforms(report, integrity=True)
+    assert_conforms(report, integrity=True, medium_faults=True)
     assert {"native_zero_copy", "bounded", "delete"} <= set(report.capabilities)
     assert not {"shared", "persistent", "crash_safe_writes"} & set(report.capabilities)
 
@@ -30,7 +30,7 @@ def test_suite_passes_with_metadata_service(tmp_path: Path, shared_service: Loca
     config = service_options(shared_service, tmp_path / "store")
     assert run_suite("3fs", config, tmp_path / "report") == 0
     report = load_report(tmp_path / "report")
-    assert_conforms(report, server_faults=True, integrity=True)
+    assert_conforms(report, server_faults=True, integrity=True, medium_faults=True)
     claimed = set(report.capabilities)
     assert {"shared", "persistent", "crash_safe_writes", "native_zero_copy"} <= claimed
     ran = {c.id for c in report.checks if c.outcome == "passed"}

@@ -1,0 +1,613 @@
+"""The fsspec backend: one object per key under any fsspec URL, written only with the public kit.
+
+Layout
+    ``key`` is the object ``<root>/ab/cd/<key>`` (:class:`~hicache_storage.kit.FanoutPaths`,
+    ``fanout=False`` drops the two directory levels), where ``root`` is the path of the URL.
+
+Media
+    The filesystem behind the URL decides how writes stay atomic and first-wins, and so which
+    capabilities an instance claims (:attr:`FsspecBackend.capabilities`):
+
+    * ``file://``: the local path directly, through the kit: a temporary file published with
+      ``link()`` (:class:`~hicache_storage.kit.AtomicFiles`), reads with ``preadv`` straight into
+      the caller's buffers or the host pool's pages. Persistent, shared between processes, crash
+      safe, first-wins, zero-copy.
+    * ``memory://``: fsspec's in-process store. A value is put whole, under one lock per process
+      that makes create-if-absent atomic and serialises reads of the store's shared file
+      objects. First-wins; neither persistent nor shared (it dies with the process).
+    * ``s3://``: one ``PutObject`` per value with ``If-None-Match: *`` (s3fs's
+      ``mode="create"``), so the store keeps the first complete value; a value becomes visible
+      only once its upload completed. Persistent, shared, crash safe, first-wins. Reads are one
+      ``GetObject`` whose length is checked before any byte reaches the destination.
+    * anything else: ``pipe_file(mode="create")`` of whole values, which fsspec implements as
+      "write unless it exists" where the filesystem has nothing better; only ``delete`` is
+      claimed, since nothing more is known about an arbitrary filesystem.
+
+Errors
+    Every medium call sits behind :class:`~hicache_storage.kit.ErrorMap` (client connection
+    errors are unavailable, timeouts time out, other ``OSError`` are I/O errors) and a
+    :class:`~hicache_storage.kit.MediumFaults` check, so the suite can make any medium fail. A
+    missing object is a miss, also when it vanishes between lookup and read. On asynchronous
+    filesystems each call runs under one deadline (``deadline_s``): fsspec cancels the request
+    when it passes, and bytes reach the caller's buffers only after a request returned, so a
+    request abandoned at the deadline never writes into them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
+from typing_extensions import Buffer
+
+from hicache_storage import (
+    BackendTimeoutError,
+    BackendUnavailableError,
+    BufferSizeError,
+    Capabilities,
+    ConfigError,
+    Deployment,
+    HiCacheError,
+    MissingDependencyError,
+    StorageBackend,
+)
+from hicache_storage.kit import (
+    AtomicFiles,
+    ErrorMap,
+    FanoutPaths,
+    MediumFaults,
+    Rule,
+    closed_guard,
+    flat,
+    is_missing,
+    is_temp,
+    nbytes,
+    read_exact,
+    readinto_views,
+)
+from hicache_storage.redact import redact_text, redact_url, secrets_in
+
+from .config import FsspecConfig
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["CAPABILITIES", "FsspecBackend", "Kind", "open_filesystem"]
+
+Kind = Literal["local", "memory", "s3", "other"]
+"""The media the backend tells apart; each has its own write path and capabilities."""
+
+CAPABILITIES: dict[Kind, Capabilities] = {
+    "local": Capabilities(
+        persistent=True,
+        shared=True,
+        native_zero_copy=True,
+        delete=True,
+        crash_safe_writes=True,
+        atomic_first_wins=True,
+    ),
+    "memory": Capabilities(delete=True, atomic_first_wins=True),
+    "s3": Capabilities(
+        persistent=True, shared=True, delete=True, crash_safe_writes=True, atomic_first_wins=True
+    ),
+    "other": Capabilities(delete=True),
+}
+"""What an instance claims on each medium (the module docstring says why)."""
+
+EXTRAS: dict[str, str] = {"s3": "fsspec-s3", "s3a": "fsspec-s3"}
+"""The hicache-storage extra that installs each protocol's fsspec implementation."""
+
+_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_MEMORY_LOCK = threading.Lock()
+"""``memory://`` is one store per process: its create-if-absent is a check, then a put, and a
+read positions the stored file object itself, so every instance in the process shares a lock."""
+_CONFLICT_RETRIES = 3
+"""Tries of a conditional put that S3 answered ``409`` (another conditional put in flight)."""
+
+
+def open_filesystem(config: FsspecConfig) -> tuple[fsspec.AbstractFileSystem, str]:
+    """Return the filesystem of ``config.url`` (uncached, its own instance) and its root path.
+
+    Raises
+    ------
+    MissingDependencyError
+        If the protocol's implementation (s3fs, gcsfs ...) is not installed.
+    ConfigError
+        If fsspec does not know the protocol or refuses the storage options.
+    """
+    shown = redact_url(config.url)
+    protocol = config.url.split("://", 1)[0]
+    options = {**config.storage_options, "skip_instance_cache": True, "use_listings_cache": False}
+    try:
+        fs, root = fsspec.core.url_to_fs(config.url, **options)
+    except ImportError as exc:
+        hint = f"pip install 'hicache-storage[{EXTRAS.get(protocol, 'fsspec')}]'"
+        if protocol not in EXTRAS:
+            hint += f" and the fsspec implementation of {protocol}://"
+        raise MissingDependencyError(
+            f"backend 'fsspec' needs {exc.name or 'the implementation of ' + protocol + '://'}"
+            f" for {shown}, which is not installed; run: {hint}"
+        ) from exc
+    except (ValueError, TypeError) as exc:
+        detail = redact_text(str(exc), secrets_in(config.storage_options))
+        raise ConfigError(f"fsspec cannot open {shown}: {detail}") from None
+    if not root.strip("/"):
+        raise ConfigError(
+            f"url {shown} names a filesystem's root; name a directory or prefix under it "
+            f"(clear() removes everything of this backend under the root)"
+        )
+    return fs, root
+
+
+def _kind(fs: fsspec.AbstractFileSystem) -> Kind:
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    if isinstance(fs, LocalFileSystem):
+        return "local"
+    if isinstance(fs, MemoryFileSystem):
+        return "memory"
+    if "s3" in protocols:
+        return "s3"
+    return "other"
+
+
+def _client_rules() -> list[Rule]:
+    """Return the rules for the client libraries behind fsspec implementations, where installed."""
+    rules: list[Rule] = []
+    try:
+        from botocore import exceptions as boto
+    except ImportError:
+        pass
+    else:
+        rules += [
+            ((boto.ConnectTimeoutError, boto.ReadTimeoutError), BackendTimeoutError),
+            ((boto.ConnectionError, boto.HTTPClientError), BackendUnavailableError),
+        ]
+    try:
+        import aiohttp
+    except ImportError:
+        pass
+    else:
+        rules.append((aiohttp.ClientConnectionError, BackendUnavailableError))
+    return rules
+
+
+def _already_stored(exc: BaseException) -> bool:
+    """Return whether a failed create-if-absent says the object exists (HTTP 412 included)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, FileExistsError) or _status(seen) == 412:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _conflict(exc: BaseException) -> bool:
+    """Return whether a failed conditional put met another one in flight (HTTP 409)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if _status(seen) == 409:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _status(exc: BaseException) -> int | None:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return status if isinstance(status, int) else None
+    return None
+
+
+class _Errors(ErrorMap):
+    """The kit's error map, also masking the secrets of the storage options in every message."""
+
+    def __init__(self, service: str, rules: Iterable[Rule], secrets: set[str]) -> None:
+        super().__init__(service, rules)
+        self.secrets = secrets
+
+    def translate(self, exc: BaseException, what: str) -> HiCacheError:
+        """Return the typed error for ``exc``, with the storage options' secrets masked."""
+        typed = super().translate(exc, what)
+        text = str(typed)
+        if typed is exc or redact_text(text, self.secrets) == text:
+            return typed
+        if isinstance(typed, OSError) and isinstance(typed.errno, int):
+            return type(typed)(typed.errno, redact_text(str(typed.strerror), self.secrets))
+        return type(typed)(redact_text(text, self.secrets))
+
+
+@closed_guard
+class FsspecBackend(StorageBackend):
+    """One object per key under an fsspec URL; see the module docstring for each medium."""
+
+    name = "fsspec"
+    capabilities = CAPABILITIES["other"]
+
+    def __init__(self, config: FsspecConfig, deployment: Deployment | None = None) -> None:
+        super().__init__()
+        self.url = redact_url(config.url)
+        secrets = secrets_in(config.storage_options) | secrets_in(config.url)
+        self.errors = _Errors(f"fsspec {self.url}", _client_rules(), secrets)
+        self.medium_faults = MediumFaults()
+        self.fs, self.root = open_filesystem(config)
+        self.kind = _kind(self.fs)
+        self.capabilities = CAPABILITIES[self.kind]
+        self.paths = FanoutPaths(self.root, fanout=config.fanout, sep="/")
+        self._deadline_s = config.deadline_s
+        self._concurrency = config.max_concurrency
+        self._timed = bool(getattr(self.fs, "async_impl", False))
+        self._files = AtomicFiles()
+        if self.kind == "local":
+            with self.errors.guard(f"create {self.root}"):
+                os.makedirs(self.root, exist_ok=True)
+
+    # -- calls on a remote medium (anything but local and memory) -------------------------------
+
+    def _deadline(self) -> float:
+        return time.monotonic() + self._deadline_s
+
+    def _remote(
+        self, op: str, method: str, calls: Sequence[tuple[Any, ...]], deadline: float, **kw: Any
+    ) -> list[Any]:
+        """Call ``fs.<method>(*args, **kw)`` for each ``args``; return results or exceptions.
+
+        Each call first passes the fault switch for ``op``. On an asynchronous filesystem the
+        calls run concurrently (``max_concurrency`` at once) and are cancelled at ``deadline``.
+        """
+        results: list[Any] = [None] * len(calls)
+        pending: list[int] = []
+        for i in range(len(calls)):
+            try:
+                self.medium_faults.check(op)
+            except Exception as exc:  # noqa: BLE001 - a result, classified by the caller
+                results[i] = exc
+            else:
+                pending.append(i)
+        if pending:
+            done = self._run(method, [calls[i] for i in pending], deadline, kw)
+            for i, result in zip(pending, done, strict=True):
+                results[i] = result
+        return results
+
+    def _run(
+        self, method: str, calls: list[tuple[Any, ...]], deadline: float, kw: dict[str, Any]
+    ) -> list[Any]:
+        if not self._timed:
+            results: list[Any] = []
+            for args in calls:
+                try:
+                    results.append(getattr(self.fs, method)(*args, **kw))
+                except Exception as exc:  # noqa: BLE001 - a result, classified by the caller
+                    results.append(exc)
+            return results
+        left = deadline - time.monotonic()
+        late = BackendTimeoutError(
+            f"{self.errors.service}: no answer within deadline_s={self._deadline_s:g} s"
+        )
+        if left <= 0:
+            raise late
+        call = getattr(self.fs, "_" + method)  # fsspec's async API: the same name with a "_"
+        limit = self._concurrency
+
+        async def gather() -> list[Any]:
+            gate = asyncio.Semaphore(limit)
+
+            async def one(args: tuple[Any, ...]) -> Any:
+                async with gate:
+                    return await call(*args, **kw)
+
+            return await asyncio.gather(*(one(args) for args in calls), return_exceptions=True)
+
+        try:
+            done: list[Any] = fsspec.asyn.sync(self.fs.loop, gather, timeout=left)
+        except TimeoutError as exc:
+            raise late from exc
+        return done
+
+    def _check(self, results: Sequence[Any], keys: Sequence[str], what: str) -> None:
+        """Raise the typed error of the first failure in ``results`` that is not a miss."""
+        for key, result in zip(keys, results, strict=True):
+            if isinstance(result, BaseException) and not is_missing(result):
+                raise self.errors.translate(result, f"{what} {key!r}") from result
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def _read_many(
+        self, keys: Sequence[str], pages: Sequence[Sequence[memoryview]], *, strict: bool
+    ) -> list[bool]:
+        """Fill each page's views with its key's object; False for a miss or a size mismatch.
+
+        Raises
+        ------
+        BufferSizeError
+            With ``strict``, if an object's size differs from its views' (nothing written).
+        """
+        if self.kind in ("local", "memory"):
+            return [
+                self._read_one(key, views, strict) for key, views in zip(keys, pages, strict=True)
+            ]
+        calls = [(self.paths.path(key),) for key in keys]
+        results = self._remote("read", "cat_file", calls, self._deadline())
+        self._check(results, keys, "read")  # before any byte moves: a failed batch writes none
+        return [
+            not isinstance(data, BaseException) and _fill(key, data, len(data), views, strict)
+            for key, data, views in zip(keys, results, pages, strict=True)
+        ]
+
+    def _read_one(self, key: str, views: Sequence[memoryview], strict: bool) -> bool:
+        """Read ``key`` from a local or memory filesystem straight into ``views``."""
+        path = self.paths.path(key)
+        try:
+            self.medium_faults.check("read")
+            if self.kind == "local":
+                fd = os.open(path, _READ)
+                try:
+                    size = os.fstat(fd).st_size
+                    return _fill(key, fd, size, views, strict)
+                finally:
+                    os.close(fd)
+            with _MEMORY_LOCK:
+                f = self.fs.open(path, "rb")
+                return _fill(key, f, f.size, views, strict)
+        except HiCacheError:
+            raise
+        except Exception as exc:
+            if is_missing(exc):
+                return False
+            raise self.errors.translate(exc, f"read {key!r}") from exc
+
+    def get(self, key: str, out: Buffer | None = None) -> Buffer | None:
+        """Return ``key``'s value, or read it into ``out``; None on a miss.
+
+        Raises
+        ------
+        BufferSizeError
+            If ``out`` is not exactly the object's size (``out`` is left untouched).
+        """
+        if out is not None:
+            return (
+                out if self._read_many([key], [[flat(memoryview(out))]], strict=True)[0] else None
+            )
+        path = self.paths.path(key)
+        if self.kind not in ("local", "memory"):
+            result = self._remote("read", "cat_file", [(path,)], self._deadline())[0]
+            self._check([result], [key], "read")
+            return None if isinstance(result, BaseException) else bytes(result)
+        try:
+            self.medium_faults.check("read")
+            if self.kind == "memory":
+                return bytes(self.fs.cat_file(path))
+            fd = os.open(path, _READ)
+            try:
+                value = bytearray(os.fstat(fd).st_size)
+                return value if read_exact(fd, [memoryview(value)]) else None
+            finally:
+                os.close(fd)
+        except Exception as exc:
+            if is_missing(exc):
+                return None
+            raise self.errors.translate(exc, f"read {key!r}") from exc
+
+    def batch_get(self, keys: Sequence[str], outs: Sequence[Buffer]) -> list[bool]:
+        """Read each key into its buffer; a size mismatch is a miss."""
+        return self._read_many(keys, [[flat(memoryview(out))] for out in outs], strict=False)
+
+    def batch_get_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        """Read each key straight into its page's buffers; a size mismatch is a miss."""
+        pages = self.page_views(keys, host_indices)
+        return self._read_many(keys, [[flat(v) for v in views] for views in pages], strict=False)
+
+    def exists(self, key: str) -> bool:
+        """Return whether ``key`` holds an object."""
+        return self.batch_exists([key]) == 1
+
+    def batch_exists(self, keys: Sequence[str]) -> int:
+        """Return the length of the leading run of keys that hold an object."""
+        if self.kind not in ("local", "memory"):
+            calls = [(self.paths.path(key),) for key in keys]
+            results = self._remote("stat", "info", calls, self._deadline())
+            for count, (key, info) in enumerate(zip(keys, results, strict=True)):
+                if isinstance(info, BaseException) and is_missing(info):
+                    return count
+                self._check([info], [key], "stat")
+                if info.get("type") != "file":
+                    return count
+            return len(keys)
+        for count, key in enumerate(keys):
+            try:
+                self.medium_faults.check("stat")
+                if self.kind == "local":
+                    os.stat(self.paths.path(key))
+                elif not self.fs.isfile(self.paths.path(key)):
+                    return count
+            except Exception as exc:
+                if is_missing(exc):
+                    return count
+                raise self.errors.translate(exc, f"stat {key!r}") from exc
+        return len(keys)
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def _write_many(self, keys: Sequence[str], pages: Sequence[Sequence[memoryview]]) -> list[bool]:
+        """Store each page's views back to back as its key's object; the first value wins."""
+        if self.kind in ("local", "memory"):
+            for key, views in zip(keys, pages, strict=True):
+                self._write_one(key, views)
+            return [True] * len(keys)
+        deadline = self._deadline()
+        values = [_join(views) for views in pages]
+        todo = list(range(len(keys)))
+        for attempt in range(_CONFLICT_RETRIES):
+            calls = [(self.paths.path(keys[i]), values[i]) for i in todo]
+            results = self._remote("write", "pipe_file", calls, deadline, mode="create")
+            failed = [
+                (i, result)
+                for i, result in zip(todo, results, strict=True)
+                if isinstance(result, BaseException) and not _already_stored(result)
+            ]
+            todo = [i for i, result in failed if _conflict(result)]
+            for i, result in failed:
+                if i not in todo or attempt == _CONFLICT_RETRIES - 1:
+                    raise self.errors.translate(result, f"write {keys[i]!r}") from result
+            if not todo:
+                break
+            time.sleep(0.01 * (attempt + 1))
+        return [True] * len(keys)
+
+    def _write_one(self, key: str, views: Sequence[memoryview]) -> None:
+        """Publish ``key`` on a local filesystem (temp + link) or in memory (under the lock)."""
+        path = self.paths.path(key)
+        try:
+            self.medium_faults.check("write")
+            if self.kind == "local":
+                self._files.write(path, views, self.paths.temp_path(key))
+                return
+            value = _join(views)
+            with _MEMORY_LOCK:
+                if not self.fs.isfile(path):
+                    self.fs.pipe_file(path, value)
+        except Exception as exc:
+            raise self.errors.translate(exc, f"write {key!r}") from exc
+
+    def set(self, key: str, value: Buffer) -> bool:
+        """Store ``value`` under ``key`` unless it holds one already (the first value wins)."""
+        return self._write_many([key], [[flat(memoryview(value))]])[0]
+
+    def batch_set(self, keys: Sequence[str], values: Sequence[Buffer]) -> list[bool]:
+        """Store each value under its key, first value wins (concurrently on remote media)."""
+        return self._write_many(keys, [[flat(memoryview(value))] for value in values])
+
+    def batch_set_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        """Store each page's buffers as one object (``pwritev`` on a local filesystem)."""
+        pages = self.page_views(keys, host_indices)
+        return self._write_many(keys, [[flat(v) for v in views] for views in pages])
+
+    # -- housekeeping ---------------------------------------------------------------------------
+
+    def delete(self, key: str) -> bool:
+        """Remove ``key``'s object; return whether it was there."""
+        path = self.paths.path(key)
+        if self.kind not in ("local", "memory"):
+            # Object stores delete absent objects silently: ask first.
+            deadline = self._deadline()
+            for method in ("info", "rm_file"):
+                result = self._remote("delete", method, [(path,)], deadline)[0]
+                if isinstance(result, BaseException) and is_missing(result):
+                    return False
+                self._check([result], [key], "delete")
+            return True
+        try:
+            self.medium_faults.check("delete")
+            if self.kind == "local":
+                os.unlink(path)
+            else:
+                with _MEMORY_LOCK:
+                    self.fs.rm_file(path)
+        except Exception as exc:
+            if is_missing(exc):
+                return False
+            raise self.errors.translate(exc, f"delete {key!r}") from exc
+        return True
+
+    def clear(self) -> None:
+        """Remove every object of this backend under its root.
+
+        Only names this backend would store a key at go: temporary files of writes in flight
+        and objects of other prefixes under the root stay.
+        """
+        with self.errors.guard(f"clear {self.root}"):
+            mine = [path for path in self._listing() if self._owns(path)]
+            self.medium_faults.check("delete")
+            if self.kind == "local":
+                for path in mine:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+                self._files.forget_dirs()
+            elif self.kind == "memory":
+                with _MEMORY_LOCK:
+                    for path in mine:
+                        if self.fs.isfile(path):
+                            self.fs.rm_file(path)
+            elif mine:
+                result = self._remote("delete", "rm", [(mine,)], self._deadline())[0]
+                if isinstance(result, BaseException) and not is_missing(result):
+                    raise result
+
+    def _listing(self) -> list[str]:
+        """Return every file under the root."""
+        if self.kind == "local":
+            self.medium_faults.check("list")
+            return [
+                os.path.join(directory, name)
+                for directory, _, names in os.walk(self.root)
+                for name in names
+            ]
+        kw = {"withdirs": False}
+        found = self._remote("list", "find", [(self.root,)], self._deadline(), **kw)[0]
+        if isinstance(found, BaseException):
+            raise found
+        return list(found)
+
+    def _owns(self, path: str) -> bool:
+        """Return whether ``path`` is where this backend stores the key it ends with."""
+        name = path.rsplit("/", 1)[-1]
+        return not name.startswith(".") and not is_temp(name) and self.paths.path(name) == path
+
+    def stats(self) -> dict[str, Any]:
+        """Return the base stats plus the (masked) URL and the medium."""
+        return {**super().stats(), "url": self.url, "medium": self.kind}
+
+    def __repr__(self) -> str:
+        state = " closed" if self.closed else ""
+        return f"<FsspecBackend {self.url!r} ({self.kind}){state}>"
+
+
+def _fill(key: str, source: Any, size: int, views: Sequence[memoryview], strict: bool) -> bool:
+    """Move an object of ``size`` bytes from ``source`` into ``views`` if the sizes agree.
+
+    ``source`` is the object's bytes, a file descriptor (``preadv``) or a binary stream.
+    Returns False on a size mismatch (nothing written) or a short read (a vanishing object).
+
+    Raises
+    ------
+    BufferSizeError
+        With ``strict``, on a size mismatch.
+    """
+    want = nbytes(views)
+    if size != want:
+        if strict:
+            raise BufferSizeError(f"output buffer has {want} bytes but {key!r} has {size}")
+        return False
+    if isinstance(source, int):
+        return read_exact(source, views)
+    if isinstance(source, (bytes, bytearray)):
+        _scatter(source, views)
+        return True
+    return readinto_views(source, views) == want
+
+
+def _join(views: Sequence[memoryview]) -> bytes:
+    """Return the views back to back as one immutable value (the caller may reuse its buffers)."""
+    return bytes(views[0]) if len(views) == 1 else b"".join(views)
+
+
+def _scatter(data: bytes | bytearray, views: Sequence[memoryview]) -> None:
+    """Copy consecutive slices of ``data`` into ``views``."""
+    source = memoryview(data)
+    offset = 0
+    for view in views:
+        view[:] = source[offset : offset + view.nbytes]
+        offset += view.nbytes

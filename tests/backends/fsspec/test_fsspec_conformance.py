@@ -1,0 +1,39 @@
+"""The fsspec backend passes the whole conformance suite on file://, memory:// and s3://."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hicache_storage.conformance.report import load_report, run_suite
+
+from ...helpers import assert_conforms
+
+
+def _passes(config: dict[str, Any], report_dir: Path, claims: set[str]) -> None:
+    assert run_suite("fsspec", config, report_dir) == 0
+    report = load_report(report_dir)
+    assert report.backend == "fsspec"
+    assert set(report.capabilities) == claims
+    assert_conforms(report, medium_faults=True)
+
+
+def test_file_url_passes_suite(tmp_path: Path) -> None:
+    claims = {
+        "persistent",
+        "shared",
+        "native_zero_copy",
+        "delete",
+        "crash_safe_writes",
+        "atomic_first_wins",
+    }
+    _passes({"url": f"file://{tmp_path / 'store'}"}, tmp_path / "report", claims)
+
+
+def test_memory_url_passes_suite(tmp_path: Path) -> None:
+    _passes({"url": "memory://conformance"}, tmp_path / "report", {"delete", "atomic_first_wins"})
+
+
+def test_s3_url_passes_suite(s3_url_options: dict[str, Any], tmp_path: Path) -> None:
+    claims = {"persistent", "shared", "delete", "crash_safe_writes", "atomic_first_wins"}
+    _passes(s3_url_options, tmp_path / "report", claims)
