@@ -65,6 +65,7 @@ OTHER_SKIPS = (
     re.compile(r"backend '[\w-]+' declares no namespace_option"),
     re.compile(r"the options under test carry no secret"),
     re.compile(r"this medium raises no '\w+' faults.*"),
+    re.compile(r"an? \d+-byte value exceeds max_value_size or half the capacity"),
 )
 NO_MEDIUM_HOOK = "backend has no medium fault hook (hicache_storage.kit.MediumFaults)"
 

@@ -9,11 +9,13 @@ from must pass.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from hicache_storage.conformance.report import load_report, run_suite
+from hicache_storage.conformance.report import Report, load_report, run_suite
 from hicache_storage.registry import PLUGINS_ENV
 
 from .broken_backends import REFERENCE, all_bugs
@@ -26,6 +28,24 @@ CAUGHT_BY = {found.spec.name: found.caught_by for found in all_bugs()}
 # A per-check limit, so broken-hang's 30 s calls fail its checks after a few seconds.
 CHECK_TIMEOUT_S = 8
 
+RUNS_AT_ONCE = 2
+"""Suite processes run side by side (one per core of the CI machine): each bug's run is mostly
+process start-up, and the race checks are built to catch their bugs under this load."""
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, Report]]:
+    """Run the suite on every broken backend, ``RUNS_AT_ONCE`` at a time; exit code and report."""
+    root = tmp_path_factory.mktemp("teeth")
+    with pytest.MonkeyPatch.context() as env, ThreadPoolExecutor(RUNS_AT_ONCE) as pool:
+        _plugin_env(env)
+        runs = {
+            name: pool.submit(_run, name, root / name, "-k", _selector(check))
+            for name, check in CAUGHT_BY.items()
+        }
+        codes = {name: run.result() for name, run in runs.items()}
+    return {name: (code, load_report(root / name / "report")) for name, code in codes.items()}
+
 
 @pytest.mark.parametrize(
     ("backend", "check"),
@@ -35,10 +55,9 @@ CHECK_TIMEOUT_S = 8
     ],
 )
 def test_suite_catches_broken_backend(
-    backend: str, check: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    backend: str, check: str, reports: dict[str, tuple[int, Report]]
 ) -> None:
-    status = _run(backend, tmp_path, monkeypatch, "-k", check.split("::")[0])
-    report = load_report(tmp_path / "report")
+    status, report = reports[backend]
     failed = {row.id: row.message for row in report.failures()}
     print(f"{backend}: {len(failed)} failing checks; {check} says: ", end="")
     print(next((msg for cid, msg in failed.items() if check in cid), "(passed)"))
@@ -49,29 +68,38 @@ def test_suite_catches_broken_backend(
     )
 
 
-def _run(backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
+def test_reference_backend_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bugs' starting point is correct: every failure of a bug comes from its bug."""
+    _plugin_env(monkeypatch)
+    status = _run(REFERENCE.name, tmp_path)
+    report = load_report(tmp_path / "report")
+    failed = {row.id: row.message for row in report.failures()}
+    assert status == 0 and not failed, f"the reference backend fails: {failed}"
+
+
+def _plugin_env(env: pytest.MonkeyPatch) -> None:
+    """Make the suite's processes (and their workers) load the broken backends' plugin."""
+    env.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env.setenv(PLUGINS_ENV, "tests.broken_backends.plugin")
+
+
+def _run(backend: str, workdir: Path, *args: str) -> int:
     """Run the suite on ``backend`` (a fresh root for file-based ones); return its exit code.
 
-    ``args`` go to pytest: a bug's run keeps to the class of its check (``-k TestX``), which
+    ``args`` go to pytest: a bug's run keeps to its check (``-k "TestX and test_y"``), which
     keeps the 40-odd runs short; the reference backend runs the whole suite.
     """
-    monkeypatch.setenv(
-        "PYTHONPATH", str(ROOT)
-    )  # the suite's processes import tests.broken_backends
-    monkeypatch.setenv(PLUGINS_ENV, "tests.broken_backends.plugin")
-    options = {"root": str(tmp_path / "root")} if _needs_root(backend) else None
+    options = {"root": str(workdir / "root")} if _needs_root(backend) else None
     extra = ["--timeout", str(CHECK_TIMEOUT_S), *args]
-    return run_suite(backend, options, tmp_path / "report", extra)
+    return run_suite(backend, options, workdir / "report", extra)
+
+
+def _selector(check: str) -> str:
+    """Return the ``-k`` expression that selects ``check`` (all its parameters)."""
+    cls, _, name = check.partition("::")
+    return f"{cls} and {name.split('[')[0]}" if name else cls
 
 
 def _needs_root(backend: str) -> bool:
     found = {bug.spec.name: bug.spec for bug in all_bugs()}.get(backend, REFERENCE)
     return found.config.endswith(":FilePerKeyConfig")
-
-
-def test_reference_backend_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The bugs' starting point is correct: every failure of a bug comes from its bug."""
-    status = _run(REFERENCE.name, tmp_path, monkeypatch)
-    report = load_report(tmp_path / "report")
-    failed = {row.id: row.message for row in report.failures()}
-    assert status == 0 and not failed, f"the reference backend fails: {failed}"

@@ -149,6 +149,10 @@ def unique_rounds(names: Sequence[str]) -> list[list[int]]:
     return rounds
 
 
+RPC_FAIL_RESENDS = 3
+"""How often a request that failed whole with ``RPC_FAIL`` is sent again: the client pools
+several master connections, and after a master restart each fails once (seen: two in a row)."""
+
 MAX_CALL_BUFFERS = 512
 """Most page buffers one multi-buffer request carries. The library queues every buffer's
 transfer at once; measured with 0.3.13 on one host, pages of 800 buffers moved, 1,200 failed in
@@ -349,9 +353,10 @@ class MooncakeBackend(StorageBackend):
         the transfer timeout (a segment peer that stopped answering) ends the call too: its
         later groups are ``SKIPPED`` rather than each waiting again.
 
-        A group whose every key failed with ``RPC_FAIL`` is sent once more while the deadline
-        has room: the first request after a master restart fails on the connection the old
-        master closed, and the library does not retry. Such a request moved no byte (the
+        A group whose every key failed with ``RPC_FAIL`` is sent again (up to
+        :data:`RPC_FAIL_RESENDS` times) while the deadline has room: the first request on each
+        pooled connection after a master restart fails on the connection the old master closed
+        (at once, "End of file"), and the library does not retry. Such a request moved no byte (the
         replica query or the put's start failed); a put sent again that finds the object
         already there is ``UNCONFIRMED`` (not stored), as it may be the first attempt's.
         """
@@ -368,7 +373,14 @@ class MooncakeBackend(StorageBackend):
                 continue
             started = time.monotonic()
             got = run(group)
-            if got and all(code == RPC_FAIL for code in got) and deadline.allows(cost):
+            resent = 0
+            while (
+                got
+                and all(code == RPC_FAIL for code in got)
+                and resent < RPC_FAIL_RESENDS
+                and deadline.allows(cost)
+            ):
+                resent += 1
                 got = run(group)
                 if request == "put":
                     got = [UNCONFIRMED if code == _EXISTS else code for code in got]
@@ -450,7 +462,7 @@ class MooncakeBackend(StorageBackend):
         client = self._client
         names = self._keys(keys)
         codes: list[int] = []
-        for _ in range(2):  # once more after a connection the master reset (see _run_groups)
+        for _ in range(1 + RPC_FAIL_RESENDS):  # again after a connection the master reset
             with client.call("batch_is_exist", self._count):
                 codes = [int(code) for code in client.store.batch_is_exist(names)]
             if not codes or any(code != RPC_FAIL for code in codes):

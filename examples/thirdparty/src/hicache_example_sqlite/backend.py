@@ -28,6 +28,7 @@ from hicache_storage import (
 )
 from hicache_storage.backend import copy_into
 from hicache_storage.buffers import as_readable
+from hicache_storage.kit import closed_guard
 
 __all__ = ["SqliteBackend", "SqliteConfig", "TruncatingSqliteBackend"]
 
@@ -53,6 +54,7 @@ class SqliteConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
 
 
+@closed_guard  # refuse every call after close(), also when used without the layers
 class SqliteBackend(StorageBackend):
     """Store every object as one row; the first complete value of a key wins."""
 
