@@ -54,3 +54,22 @@ def test_store_smaller_than_a_batch_passes_the_batch_checks(
     assert "TestBatch::test_batch_long_300_keys" in {
         c.id for c in report.checks if c.outcome == "passed"
     }
+
+
+def test_small_store_runs_the_bounded_checks(tmp_path: Path, shared_service: LocalService) -> None:
+    """A 16 MiB store: eviction accounting and reads racing evictions run (the default bound of
+    64 GiB is too large for the suite to overfill, so those checks skip there)."""
+    config = {
+        **service_options(shared_service, tmp_path / "store"),
+        "file_prefix": "bounded",
+        "file_size": 8 << 20,
+        "file_count": 2,
+        "slot_bytes": 64 << 10,
+    }
+    assert run_suite("3fs", config, tmp_path / "report", ["-k", "TestBounded"]) == 0
+    report = load_report(tmp_path / "report")
+    passed = {c.id for c in report.checks if c.outcome == "passed"}
+    assert {
+        "TestBounded::test_stats_report_usage_bound_and_evictions",
+        "TestBounded::test_readers_racing_eviction_none_or_whole",
+    } <= passed, sorted(passed)
