@@ -35,7 +35,7 @@ from hicache_storage.conformance.fixtures import Keyspace
 from hicache_storage.conformance.workers import make_value
 from hicache_storage.errors import BufferSizeError, IndexAlignmentError, PoolNotRegisteredError
 from hicache_storage.hostpool import UnifiedObjectPool
-from hicache_storage.keys import plan_unified
+from hicache_storage.keys import UnifiedPlan, plan_unified
 from hicache_storage.vectored import IOV_MAX
 
 __all__ = [
@@ -172,6 +172,21 @@ class TestZeroCopy:
         assert bool((_raw(pool) == SENTINEL).all())
 
 
+def _three_layer_plan(kind: str, *, head_group: int) -> UnifiedPlan:
+    """Three layers in chunks of two (two objects per page, the last one shorter), 4 tokens."""
+    mla = kind == "mla"
+    return plan_unified(
+        model_id="conformance",
+        dtype="float16",
+        page_size=4,
+        num_layers=3,
+        layer_partition=2,
+        is_mla=mla,
+        local_kv_heads=0 if mla else 2,
+        head_group=None if mla else head_group,
+    )
+
+
 class TestUnifiedObjects:
     """Unified-scheme objects (several per page, of two sizes, in many spans) move intact."""
 
@@ -179,16 +194,7 @@ class TestUnifiedObjects:
     def test_unified_objects_move_between_layouts(
         self, backend: StorageBackend, k: Keyspace, kind: str, layout: str
     ) -> None:
-        plan = plan_unified(
-            model_id="conformance",
-            dtype="float16",
-            page_size=4,
-            num_layers=3,
-            layer_partition=2,
-            is_mla=kind == "mla",
-            local_kv_heads=0 if kind == "mla" else 2,
-            head_group=None if kind == "mla" else 1,
-        )
+        plan = _three_layer_plan(kind, head_group=1)
         layouts = ["layer_first", "page_first", "page_first_direct"]
         other = layouts[(layouts.index(layout) + 1) % 3]
         source = UnifiedObjectPool(_pool(kind, layout, layers=3), plan)
@@ -226,15 +232,7 @@ class TestUnifiedObjects:
     ) -> None:
         # Two objects per page: layers 0-1 and a shorter last chunk, layer 2. The pool's
         # page_nbytes is the larger object's size; each object's own size is its spans' sum.
-        plan = plan_unified(
-            model_id="conformance",
-            dtype="float16",
-            page_size=4,
-            num_layers=3,
-            layer_partition=2,
-            local_kv_heads=2,
-            head_group=2,
-        )
+        plan = _three_layer_plan("mha", head_group=2)
         objects = UnifiedObjectPool(_pool("mha", "page_first", layers=3), plan)
         _sentinel_fill(objects.pool)
         before = pool_pages(objects.pool)
