@@ -724,7 +724,8 @@ def test_v1_respects_capacity(tmp_path: Path) -> None:
 
 def test_config_defaults() -> None:
     config = FileConfig(root="/tmp/x")
-    assert (config.fsync, config.fanout, config.metadata_cache) == (False, True, True)
+    assert (config.fsync, config.fanout, config.metadata_cache) == (False, None, True)
+    assert (config.use_fanout, config.use_integrity, config.naming) == (True, True, "hicache")
     assert (config.max_bytes, config.low_watermark, config.ownership) == (None, 0.9, "all")
 
 

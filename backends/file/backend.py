@@ -24,6 +24,15 @@ Integrity (``integrity=True``, the default)
     reported: a truncated, corrupted or misnamed file is a miss, counted by reason in
     ``stats()["integrity_failures"]``, and removed.
 
+SGLang file compatibility (``naming="sglang_file_compat"``)
+    Each object is ``root/<key>.bin`` holding the bare value (no fan-out, no integrity record):
+    the layout of SGLang's ``HiCacheFile``, so one directory can be shared with it. SGLang
+    writes ``.<uuid>.tmp`` and renames it into place; its scans look only at names ending in
+    ``.bin``. Our temporary files keep their ``.<key>.tmp.<pid>.<random>`` names (never ending in
+    ``.bin``), and in this mode only names that are exactly ``<valid key>.bin`` are objects and
+    only names that are exactly our temporary names are temporary files: anything else,
+    SGLang's temporary files included, is never indexed, evicted or removed.
+
 Capacity
     The objects this instance owns are indexed with their sizes in an :class:`LRUCapacity`, which
     evicts the least recently used ones when ``max_bytes`` is set. The bound is per instance:
@@ -34,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 import threading
 import time
@@ -78,6 +88,10 @@ _READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _MISSING = (FileNotFoundError, NotADirectoryError)
 _META_LIMIT = 1 << 18
 """Most entries the metadata cache keeps; the oldest insertion is dropped beyond it."""
+SGLANG_SUFFIX = ".bin"
+"""What SGLang's ``HiCacheFile`` appends to a key to name its file."""
+_OUR_TEMP = re.compile(r"\.[A-Za-z0-9][A-Za-z0-9_.\-]*\.tmp\.[0-9]+\.[0-9a-f]{12}")
+"""Exactly the names :func:`hicache_storage.kit.temp_name` makes (a strict :func:`is_temp`)."""
 
 
 def _read_bytes(fd: int, size: int) -> bytes | None:
@@ -115,6 +129,11 @@ def _owns_everything(key: str) -> bool:
     return True
 
 
+def _is_our_temp(name: str) -> bool:
+    """Return whether ``name`` is exactly one of our temporary names (never SGLang's)."""
+    return _OUR_TEMP.fullmatch(name) is not None
+
+
 @closed_guard
 class FileBackend(StorageBackend):
     """Stores each key as one file under ``config.root``; see the module docstring.
@@ -140,7 +159,10 @@ class FileBackend(StorageBackend):
         self.config = config
         self.deployment = deployment if deployment is not None else Deployment()
         self.root = os.path.abspath(os.path.expanduser(config.root))
-        self._paths = FanoutPaths(self.root, fanout=config.fanout)
+        self._compat = config.naming == "sglang_file_compat"
+        self._suffix = SGLANG_SUFFIX if self._compat else ""
+        self._is_temp: Callable[[str], bool] = _is_our_temp if self._compat else is_temp
+        self._paths = FanoutPaths(self.root, fanout=config.use_fanout)
         self._files = AtomicFiles(fsync=config.fsync)
         self.medium_faults = MediumFaults()
         """The suite's fault hook: each disk operation checks it first (see the kit)."""
@@ -162,7 +184,7 @@ class FileBackend(StorageBackend):
         self._meta: dict[str, tuple[int, float]] = {}
         self._meta_lock = threading.Lock()
         self._capacity = LRUCapacity(config.max_bytes, config.low_watermark, self._evict_file)
-        self._record = RECORD_BYTES if config.integrity else 0
+        self._record = RECORD_BYTES if config.use_integrity else 0
         self._failures: Counter[str] = Counter()
         try:
             os.makedirs(self.root, exist_ok=True)
@@ -296,13 +318,21 @@ class FileBackend(StorageBackend):
         """Remove every object this instance owns (every object, with ``ownership="all"``).
 
         Temporary files of writes in flight, other ranks' objects and files whose names are not
-        keys are left alone.
+        objects are left alone. With ``naming="sglang_file_compat"`` and ``ownership="all"``,
+        this backend's own temporary files older than ``stale_temp_s`` are removed too (never
+        SGLang's).
         """
         indexed = self._capacity.keys()
         removed: set[str] = set()
+        sweep_temps = self._compat and self.config.ownership == "all"
+        now = time.time()
         for directory, entry in self._entries():
             name = entry.name
-            if not _is_key(name) or not self._owns(name):
+            if sweep_temps and self._is_temp(name):
+                self._discard_stale_temp(entry, now)
+                continue
+            key = self._key_of(name)
+            if key is None or not self._owns(key):
                 continue
             try:
                 os.unlink(os.path.join(directory, name))
@@ -310,7 +340,7 @@ class FileBackend(StorageBackend):
                 continue
             except OSError as exc:
                 raise _io_error(f"remove {name!r} from {directory!r}", exc) from exc
-            removed.add(name)
+            removed.add(key)
         self._capacity.forget_many(removed)
         gone = [k for k in indexed if k not in removed and not os.path.exists(self._path(k))]
         self._capacity.forget_many(gone)
@@ -331,6 +361,7 @@ class FileBackend(StorageBackend):
             evictions=capacity["evictions"],
             evicted_bytes=capacity["evicted_bytes"],
             integrity=bool(self._record),
+            naming=self.config.naming,
         )
         with self._meta_lock:
             stats["integrity_failures"] = dict(self._failures)
@@ -348,10 +379,18 @@ class FileBackend(StorageBackend):
 
     def path_of(self, key: str) -> str:
         """Return the path of the file that holds (or would hold) ``key``."""
-        return self._paths.path(key)
+        return self._paths.path(key) + self._suffix
 
     def _path(self, key: str) -> str:
-        return self._paths.path(key)
+        return self._paths.path(key) + self._suffix
+
+    def _key_of(self, name: str) -> str | None:
+        """Return the key whose object file is named ``name``, or None if it names no object."""
+        if self._compat:
+            if not name.endswith(SGLANG_SUFFIX):
+                return None
+            name = name[: -len(SGLANG_SUFFIX)]
+        return name if _is_key(name) else None
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -553,20 +592,21 @@ class FileBackend(StorageBackend):
         stale = 0
         for directory, entry in self._entries():
             name = entry.name
+            if self._is_temp(name):
+                stale += self._discard_stale_temp(entry, now)
+                continue
+            key = self._key_of(name)
+            if key is None or not self._owns(key):
+                continue
+            if self._dir_of(key) != directory:  # not where this layout would look for it
+                continue
             try:
                 info = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            if is_temp(name):
-                if now - info.st_mtime > self.config.stale_temp_s:
-                    self._discard(entry.path)
-                    stale += 1
+            if not stat.S_ISREG(info.st_mode):
                 continue
-            if not stat.S_ISREG(info.st_mode) or not _is_key(name) or not self._owns(name):
-                continue
-            if self._dir_of(name) != directory:  # not where this layout would look for it
-                continue
-            found.append((info.st_mtime_ns, name, max(info.st_size - self._record, 0)))
+            found.append((info.st_mtime_ns, key, max(info.st_size - self._record, 0)))
         found.sort()
         for _, name, size in found:
             self._capacity.add(name, size)
@@ -581,6 +621,17 @@ class FileBackend(StorageBackend):
                 stale,
                 evicted,
             )
+
+    def _discard_stale_temp(self, entry: os.DirEntry[str], now: float) -> int:
+        """Remove our temporary file ``entry`` if older than ``stale_temp_s``; return 1 if so."""
+        try:
+            mtime = entry.stat(follow_symlinks=False).st_mtime
+        except FileNotFoundError:
+            return 0
+        if now - mtime <= self.config.stale_temp_s:
+            return 0
+        self._discard(entry.path)
+        return 1
 
     def __repr__(self) -> str:
         state = " closed" if self._closed else ""

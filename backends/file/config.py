@@ -11,6 +11,7 @@ from hicache_storage.options import MAX_TTL_S, check_bytes, check_seconds
 __all__ = ["FileConfig"]
 
 _OWNERSHIP = ("all", "rank")
+_NAMING = ("hicache", "sglang_file_compat")
 
 
 def _check_bool(name: str, value: object) -> None:
@@ -33,7 +34,9 @@ class FileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     fanout
         Spread objects over two levels of 256 subdirectories named from a blake2b hash of the
         key (``root/ab/cd/<key>``), so no directory grows huge. Off puts every object directly
-        in ``root``. Readers and writers of one directory must agree on it.
+        in ``root``. Readers and writers of one directory must agree on it. ``None`` (the
+        default) means the naming mode's default: on for ``"hicache"``, off for
+        ``"sglang_file_compat"``, which cannot have it on.
     metadata_cache
         Remember keys known to exist (and their sizes) for ``metadata_ttl_s`` seconds, so
         repeated ``exists``/``batch_exists`` calls and first-wins ``set`` skip a ``stat``.
@@ -59,18 +62,29 @@ class FileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         verify it on every read: a truncated, corrupted or misnamed file is a counted miss and
         is removed, never returned. Off stores bare values (readable by tools that expect them)
         and trusts the filesystem. Readers and writers of one directory must agree on it.
+        ``None`` (the default) means the naming mode's default: on for ``"hicache"``, off for
+        ``"sglang_file_compat"``, which cannot have it on.
+    naming
+        How objects are named on disk. ``"hicache"``: the file is named by the key (under the
+        fan-out with ``fanout``). ``"sglang_file_compat"``: the file is ``root/<key>.bin``
+        holding the bare value, the layout of SGLang's built-in ``HiCacheFile`` storage backend
+        (``--hicache-storage-backend file``), so one directory can be shared with it: each reads
+        what the other wrote. That layout has no fan-out and no integrity record. Files that are
+        not ``<valid key>.bin`` (SGLang's ``.<uuid>.tmp`` files among them) are never indexed,
+        evicted or removed; only this backend's own stale temporary files are.
     """
 
     root: str
     fsync: bool = False
-    fanout: bool = True
+    fanout: bool | None = None
     metadata_cache: bool = True
     metadata_ttl_s: float = 5.0
     max_bytes: int | None = None
     low_watermark: float = 0.9
     ownership: Literal["all", "rank"] = "all"
     stale_temp_s: float = 600.0
-    integrity: bool = True
+    integrity: bool | None = None
+    naming: Literal["hicache", "sglang_file_compat"] = "hicache"
 
     def __post_init__(self) -> None:
         if not isinstance(self.root, str):
@@ -79,8 +93,23 @@ class FileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             raise ValueError("root must name a directory, got an empty string")
         if "\x00" in self.root:
             raise ValueError("root must not contain NUL characters")
-        for name in ("fsync", "fanout", "metadata_cache", "integrity"):
+        for name in ("fsync", "metadata_cache"):
             _check_bool(name, getattr(self, name))
+        for name in ("fanout", "integrity"):
+            if getattr(self, name) is not None:
+                _check_bool(name, getattr(self, name))
+        if self.naming not in _NAMING:
+            raise ValueError(
+                f"naming must be 'hicache' or 'sglang_file_compat', got {self.naming!r}"
+            )
+        if self.naming == "sglang_file_compat":
+            on = [name for name in ("fanout", "integrity") if getattr(self, name)]
+            if on:
+                raise ValueError(
+                    f"naming='sglang_file_compat' stores bare values flat in root (SGLang's "
+                    f"HiCacheFile layout), so fanout and integrity must be false or unset; "
+                    f"got {', '.join(f'{name}=True' for name in on)}"
+                )
         check_seconds("metadata_ttl_s", self.metadata_ttl_s, allow_zero=True, maximum=MAX_TTL_S)
         check_seconds("stale_temp_s", self.stale_temp_s, allow_zero=True, maximum=MAX_TTL_S)
         if self.max_bytes is not None:
@@ -92,3 +121,17 @@ class FileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             raise ValueError(f"low_watermark must be within (0, 1), got {low}")
         if self.ownership not in _OWNERSHIP:
             raise ValueError(f"ownership must be 'all' or 'rank', got {self.ownership!r}")
+
+    @property
+    def use_fanout(self) -> bool:
+        """Whether objects are spread over the fan-out (``fanout`` with None resolved)."""
+        if self.fanout is None:
+            return self.naming == "hicache"
+        return self.fanout
+
+    @property
+    def use_integrity(self) -> bool:
+        """Whether each object carries an integrity record (``integrity`` with None resolved)."""
+        if self.integrity is None:
+            return self.naming == "hicache"
+        return self.integrity

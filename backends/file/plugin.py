@@ -20,6 +20,8 @@ SPEC = BackendSpec(
     extra=None,
     requires=(),
     # What the default config promises; an instance with max_bytes set also claims ``bounded``.
+    # None of these depends on ``naming``/``integrity``: bare values are still published
+    # atomically (crash-safe, first wins) and read zero-copy.
     capabilities=Capabilities(
         persistent=True,
         shared=True,
@@ -43,10 +45,14 @@ def hicache_backends() -> list[BackendSpec]:
 
 @hookimpl
 def hicache_conformance_corrupt(backend: StorageBackend, key: str, offset: int) -> bool | None:
-    """Flip one byte of the file that holds ``key`` (for the conformance integrity checks)."""
+    """Flip one byte of the file that holds ``key`` (for the conformance integrity checks).
+
+    Answers None (the checks skip) for an instance that stores bare values (``integrity`` off,
+    as with ``naming="sglang_file_compat"``): it does not claim to detect corruption.
+    """
     from .backend import FileBackend
 
-    if not isinstance(backend, FileBackend):
+    if not isinstance(backend, FileBackend) or not backend.config.use_integrity:
         return None
     try:
         fd = os.open(backend.path_of(key), os.O_RDWR)
