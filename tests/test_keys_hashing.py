@@ -23,8 +23,12 @@ def ref_hash(tokens: list[int], prior: str | None = None) -> str:
     h = hashlib.sha256()
     if prior is not None:
         h.update(bytes.fromhex(prior))
+    width = 4
+    if any(t >= 2**32 for t in tokens):  # SGLang's wide page: a 0xff tag, then 8-byte tokens
+        h.update(b"\xff")
+        width = 8
     for t in tokens:
-        h.update(t.to_bytes(4, "little", signed=False))
+        h.update(t.to_bytes(width, "little", signed=False))
     return h.hexdigest()
 
 
@@ -50,6 +54,7 @@ def ref_seed(extra_key: str | None, cache_salt: str | None) -> str | None:
 
 
 tokens_st = st.lists(st.integers(0, 2**32 - 1), max_size=80)
+wide_tokens_st = st.lists(st.integers(0, 2**32 - 1) | st.integers(2**32, 2**63 - 1), max_size=40)
 prior_st = st.none() | st.binary(min_size=32, max_size=32).map(bytes.hex)
 text_st = st.none() | st.text(max_size=12)
 
@@ -92,7 +97,7 @@ def test_namespace_seed_matches_reference(extra_key: str | None, cache_salt: str
 def test_chain_hashes_start_from_namespace_seed(
     tokens: list[int], page_size: int, extra_key: str | None, cache_salt: str | None
 ) -> None:
-    expected = ref_pages(tokens, page_size, ref_seed(extra_key, cache_salt))
+    expected = ref_pages(tokens, page_size, ref_seed(extra_key, cache_salt or None))
     assert chain_hashes(tokens, page_size, extra_key, cache_salt) == expected
 
 
@@ -126,7 +131,27 @@ def test_namespace_seed_separates_parts() -> None:
         namespace_seed("a", "bc"),
     }
     assert len(seeds) == 5
-    assert chain_hashes([1, 2], 2, cache_salt="") != chain_hashes([1, 2], 2)
+
+
+def test_empty_salt_and_prior_are_none_as_in_sglang_requests() -> None:
+    assert chain_hashes([1, 2], 2, cache_salt="") == chain_hashes([1, 2], 2)
+    assert chain_hashes([1, 2], 2, prior_hash="") == chain_hashes([1, 2], 2)
+    assert page_hashes([1, 2], 2, "") == page_hashes([1, 2], 2)
+    assert hash_page([1, 2], "") == hash_page([1, 2])
+    assert chain_hashes([1, 2], 2, extra_key="") != chain_hashes([1, 2], 2)
+
+
+@given(wide_tokens_st, st.integers(1, 8), prior_st)
+def test_wide_pages_match_reference(tokens: list[int], page_size: int, prior: str | None) -> None:
+    assert page_hashes(tokens, page_size, prior) == ref_pages(tokens, page_size, prior)
+
+
+def test_a_wide_page_differs_from_its_narrow_twin() -> None:
+    # Only the page holding the wide token changes encoding; the chain carries the change on.
+    narrow = page_hashes([1, 2, 3, 4], 2)
+    wide = page_hashes([1, 2, 3, 2**32], 2)
+    assert wide[0] == narrow[0] and wide[1] != narrow[1]
+    assert page_hashes([2**32, 0], 2) != page_hashes([0, 1, 0, 0], 4)
 
 
 def test_partial_last_page_is_hashed() -> None:
@@ -152,7 +177,7 @@ def test_torch_tensor_equals_list_input() -> None:
 
 @pytest.mark.parametrize(
     "tokens",
-    [[2**32], [-1], [1, 2**64], np.array([-1], dtype=np.int64), [1.0], [True], [[1, 2]], [1, None]],
+    [[2**63], [-1], [1, 2**64], np.array([-1], dtype=np.int64), [1.0], [True], [[1, 2]], [1, None]],
 )
 def test_bad_tokens_raise(tokens: object) -> None:
     with pytest.raises(ValueError, match="token"):
@@ -160,8 +185,8 @@ def test_bad_tokens_raise(tokens: object) -> None:
 
 
 def test_out_of_range_message_names_the_token() -> None:
-    with pytest.raises(ValueError, match=r"\[0, 2\*\*32\).*4294967296"):
-        page_hashes([1, 2**32], 4)
+    with pytest.raises(ValueError, match=r"\[0, 2\*\*63\).*9223372036854775808"):
+        page_hashes([1, 2**63], 4)
 
 
 @pytest.mark.parametrize("page_size", [0, -1, 1.5, True])
@@ -170,7 +195,7 @@ def test_bad_page_size_raises(page_size: object) -> None:
         page_hashes([1, 2], page_size)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("prior", ["", "ab", "g" * 64, "0" * 63, "0" * 65, b"0" * 64])
+@pytest.mark.parametrize("prior", ["ab", "g" * 64, "0" * 63, "0" * 65, b"0" * 64])
 def test_bad_prior_hash_raises(prior: object) -> None:
     with pytest.raises(ValueError, match="prior_hash"):
         page_hashes([1], 1, prior)  # type: ignore[arg-type]

@@ -2,7 +2,10 @@
 
 A page hash is ``sha256(prior_digest || token_0 || token_1 || ...)`` where every token is a
 4-byte little-endian unsigned integer and ``prior_digest`` is the 32 raw bytes of the previous
-page's digest (absent for the first page of an unsalted chain). Chaining makes a page's hash
+page's digest (absent for the first page of an unsalted chain). A page holding a token of
+``2**32`` or more is hashed as ``sha256(prior_digest || 0xff || tokens as 8-byte little-endian
+words)`` instead: the odd length of the tag keeps such pages apart from every 4-byte page, as in
+SGLang's native hash (token ids up to ``2**63 - 1``). Chaining makes a page's hash
 identify the whole prefix up to and including that page, which is what makes prefix reuse across
 requests and engines safe. Keeping the exact byte layout lets this SDK share an L3 store with
 SGLang engines.
@@ -29,13 +32,19 @@ HASH_ALGORITHM = "sha256"
 
 _NAMESPACE_TAG = b"sglang-cache-namespace-v1"
 _HEX_DIGEST = re.compile(r"[0-9a-fA-F]{64}")
-_TOKEN_LIMIT = 2**32
+_NARROW_LIMIT = 2**32
+_TOKEN_LIMIT = 2**63
 _TOKEN_DTYPE = np.dtype("<u4")
+_WIDE_DTYPE = np.dtype("<u8")
+_WIDE_TAG = b"\xff"
 
 
 def _prior_bytes(prior_hash: str | None) -> bytes | None:
-    """Decode a 64-char hex prior hash into its 32 digest bytes; ``None`` stays ``None``."""
-    if prior_hash is None:
+    """Decode a 64-char hex prior hash into its 32 digest bytes; ``None`` and ``""`` give ``None``.
+
+    SGLang treats an empty prior hash as no prior (``bytes.fromhex(p) if p else None``).
+    """
+    if prior_hash is None or prior_hash == "":
         return None
     if not isinstance(prior_hash, str) or _HEX_DIGEST.fullmatch(prior_hash) is None:
         raise ValueError(
@@ -44,18 +53,21 @@ def _prior_bytes(prior_hash: str | None) -> bytes | None:
     return bytes.fromhex(prior_hash)
 
 
-def _token_bytes(tokens: npt.ArrayLike) -> bytes:
-    """Convert token ids once to the little-endian uint32 byte string SGLang hashes.
+def _token_array(tokens: npt.ArrayLike) -> npt.NDArray[np.uint64]:
+    """Convert token ids once to little-endian uint64 after checking their range.
 
     Accepts lists of ints, numpy arrays and CPU torch tensors (anything ``numpy.asarray``
-    understands). Checks the range before narrowing so that an out-of-range id fails loudly
-    instead of silently wrapping around.
+    understands). The range is checked before converting so that an out-of-range id fails
+    loudly instead of silently wrapping around.
     """
     arr = np.asarray(tokens)
+    if arr.dtype.kind == "f" and isinstance(tokens, (list, tuple)):
+        # numpy turns ints past int64 into floats; keep them exact for the range check.
+        arr = np.asarray(tokens, dtype=object)
     if arr.ndim != 1:
         raise ValueError(f"tokens must be 1-D, got an array of shape {arr.shape}")
     if arr.size == 0:
-        return b""
+        return np.zeros(0, dtype=_WIDE_DTYPE)
     if arr.dtype.kind == "O":
         if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in arr):
             raise ValueError("tokens must be integers")
@@ -66,8 +78,15 @@ def _token_bytes(tokens: npt.ArrayLike) -> bytes:
         raise ValueError(f"tokens must be integers, got dtype {arr.dtype}")
     if low < 0 or high >= _TOKEN_LIMIT:
         bad = low if low < 0 else high
-        raise ValueError(f"token ids must lie in [0, 2**32), got {int(bad)}")
-    return arr.astype(_TOKEN_DTYPE).tobytes()
+        raise ValueError(f"token ids must lie in [0, 2**63), got {int(bad)}")
+    return arr.astype(_WIDE_DTYPE)
+
+
+def _page_bytes(page: npt.NDArray[np.uint64]) -> bytes:
+    """Return the hashed bytes of one page: 4-byte tokens, or the tag and 8-byte tokens."""
+    if page.size and int(page.max()) >= _NARROW_LIMIT:
+        return _WIDE_TAG + page.tobytes()
+    return page.astype(_TOKEN_DTYPE).tobytes()
 
 
 def _check_page_size(page_size: int) -> int:
@@ -85,9 +104,10 @@ def hash_page(tokens: npt.ArrayLike, prior_hash: str | None = None) -> str:
     Parameters
     ----------
     tokens
-        Token ids of the page, each in ``[0, 2**32)``.
+        Token ids of the page, each in ``[0, 2**63)``.
     prior_hash
-        Hex digest of the previous page, a namespace seed, or ``None`` for an unchained page.
+        Hex digest of the previous page, a namespace seed, or ``None`` (or ``""``) for an
+        unchained page.
 
     Returns
     -------
@@ -98,7 +118,7 @@ def hash_page(tokens: npt.ArrayLike, prior_hash: str | None = None) -> str:
     h = hashlib.sha256()
     if prior is not None:
         h.update(prior)
-    h.update(_token_bytes(tokens))
+    h.update(_page_bytes(_token_array(tokens)))
     return h.hexdigest()
 
 
@@ -106,13 +126,12 @@ def page_hashes(tokens: npt.ArrayLike, page_size: int, prior_hash: str | None = 
     """Hash ``tokens`` page by page, each page chained onto the previous one.
 
     The last, partial page is hashed too (as SGLang does), so ``len(result)`` is
-    ``ceil(len(tokens) / page_size)``. Tokens are converted once and pages are hashed from
-    zero-copy views of one byte buffer.
+    ``ceil(len(tokens) / page_size)``. Tokens are converted once.
 
     Parameters
     ----------
     tokens
-        1-D token ids (list of ints, numpy array or CPU torch tensor), each in ``[0, 2**32)``.
+        1-D token ids (list of ints, numpy array or CPU torch tensor), each in ``[0, 2**63)``.
     page_size
         Tokens per page, at least 1.
     prior_hash
@@ -123,15 +142,15 @@ def page_hashes(tokens: npt.ArrayLike, page_size: int, prior_hash: str | None = 
     list[str]
         One 64-character lowercase hex digest per page.
     """
-    step = _check_page_size(page_size) * _TOKEN_DTYPE.itemsize
+    step = _check_page_size(page_size)
     prior = _prior_bytes(prior_hash)
-    buf = memoryview(_token_bytes(tokens))
+    arr = _token_array(tokens)
     out: list[str] = []
-    for start in range(0, len(buf), step):
+    for start in range(0, arr.size, step):
         h = hashlib.sha256()
         if prior is not None:
             h.update(prior)
-        h.update(buf[start : start + step])
+        h.update(_page_bytes(arr[start : start + step]))
         prior = h.digest()
         out.append(prior.hex())
     return out
@@ -177,7 +196,12 @@ def chain_hashes(
 
     Starts a new chain from :func:`namespace_seed` of ``extra_key`` and ``cache_salt``; when
     ``prior_hash`` is given the chain continues from it instead, since that hash already
-    carries the namespace of the pages before it.
+    carries the namespace of the pages before it. As in SGLang's requests, an empty
+    ``cache_salt`` is no salt and an empty ``prior_hash`` no prior (an empty ``extra_key``
+    stays a namespace of its own).
     """
-    seed = prior_hash if prior_hash is not None else namespace_seed(extra_key, cache_salt)
+    if prior_hash:
+        seed: str | None = prior_hash
+    else:
+        seed = namespace_seed(extra_key, cache_salt or None)
     return page_hashes(tokens, page_size, seed)

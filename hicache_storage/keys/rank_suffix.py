@@ -1,10 +1,12 @@
-"""The default key scheme: page hash plus a rank suffix, as SGLang's file backend names pages.
+"""The default key scheme: page hash plus a rank suffix, exactly as SGLang's ``HiCacheFile`` names pages.
 
 Under tensor parallelism each TP rank of an MHA model holds a different slice of the heads, so
 each rank stores its own object per page and the suffix carries ``{tp_rank}_{tp_size}``. An MLA
 model replicates the latent KV on every TP rank, so all ranks share one object per page: the
 TP part is dropped and only rank 0 writes. Pipeline and context parallelism split the KV
-further and always add their own suffix parts when in use.
+further and always add their own suffix parts when in use. The suffix is SGLang 0.5's, byte
+for byte (an empty model name leaves an empty part: ``<hash>__0_1``), so one store can be shared
+with SGLang deployments.
 """
 
 from __future__ import annotations
@@ -13,25 +15,23 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from hicache_storage.errors import ConfigError
-from hicache_storage.keys.validation import MAX_KEY_LENGTH
+from hicache_storage.errors import ConfigError, InvalidKeyError
+from hicache_storage.keys.validation import MAX_KEY_LENGTH, validate_key
 
 __all__ = ["RankSuffixScheme", "sanitize_model_name"]
 
 _HASH_LENGTH = 64
 _HASH = re.compile(r"[0-9a-f]{64}")
-_UNSAFE_CHAR = re.compile(r"[^A-Za-z0-9._-]")
-_REPEATED_DOT = re.compile(r"\.(?=\.)")
+_EXAMPLE_HASH = "0" * _HASH_LENGTH
 
 
 def sanitize_model_name(model_name: str) -> str:
-    """Make a model name usable inside a key.
+    """Return the model name as it appears in keys: ``/`` replaced by ``-``, as SGLang does.
 
-    Every character outside ``[A-Za-z0-9._-]`` (``/`` included, so ``"Qwen/Qwen3-8B"`` becomes
-    ``"Qwen-Qwen3-8B"``) is replaced by ``-``, and in a run of dots every dot but the last is
-    replaced by ``-`` so that no key ever contains ``..``.
+    ``"Qwen/Qwen3-8B"`` becomes ``"Qwen-Qwen3-8B"``. No other character is changed: a lossy
+    mapping would make two models share keys (wrong hits) and would not match SGLang's names.
     """
-    return _REPEATED_DOT.sub("-", _UNSAFE_CHAR.sub("-", model_name))
+    return model_name.replace("/", "-")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +41,7 @@ class RankSuffixScheme:
     Parameters
     ----------
     model_name
-        Model identifier, sanitised with :func:`sanitize_model_name`; empty omits it.
+        Model identifier, with ``/`` replaced by ``-`` (:func:`sanitize_model_name`).
     tp_rank, tp_size, pp_rank, pp_size, cp_rank, cp_size
         Tensor-, pipeline- and context-parallel rank and world size of this worker.
     is_mla
@@ -51,7 +51,9 @@ class RankSuffixScheme:
     ------
     ConfigError
         If a size is below 1, a rank is outside ``[0, size)``, or the model name would make
-        keys longer than :data:`~hicache_storage.keys.validation.MAX_KEY_LENGTH`.
+        keys that break the key rule (characters other than letters, digits, ``_``, ``-``,
+        ``.`` and ``/``, a ``..``, or keys longer than
+        :data:`~hicache_storage.keys.validation.MAX_KEY_LENGTH`).
     """
 
     model_name: str = ""
@@ -79,7 +81,7 @@ class RankSuffixScheme:
             if not 0 <= rank < size:
                 raise ConfigError(f"{kind}_rank must be in [0, {kind}_size={size}), got {rank}")
 
-        parts = [sanitize_model_name(self.model_name)] if self.model_name else []
+        parts = [sanitize_model_name(self.model_name)]
         if not self.is_mla:
             parts += [str(self.tp_rank), str(self.tp_size)]
         if self.pp_size > 1:
@@ -92,11 +94,19 @@ class RankSuffixScheme:
                 f"model_name is too long: keys would be {_HASH_LENGTH + len(suffix)} characters,"
                 f" the limit is {MAX_KEY_LENGTH}"
             )
+        try:
+            validate_key(_EXAMPLE_HASH + suffix)
+        except InvalidKeyError as exc:
+            raise ConfigError(
+                f"model_name {self.model_name!r} cannot be part of a key: {exc}. SGLang keeps "
+                "the name verbatim (only '/' becomes '-'), so no other spelling would share "
+                "its keys; name the model with letters, digits, '_', '-', '.' and '/'"
+            ) from None
         object.__setattr__(self, "_suffix", suffix)
 
     @property
     def suffix(self) -> str:
-        """The text appended to every page hash, e.g. ``"_Qwen-Qwen3-8B_1_4"``."""
+        """The text appended to every page hash, e.g. ``"_Qwen-Qwen3-8B_1_4"`` or ``"__0_1"``."""
         return self._suffix
 
     @property
