@@ -790,7 +790,7 @@ def run_bench(
         the baseline's v1 mode on the same page buffers.
     layout
         Host-pool layout of the v1 mode (``layer_first``, ``page_first``,
-        ``page_first_direct``).
+        ``page_first_direct``, ``page_head``).
 
     Raises
     ------

@@ -241,7 +241,7 @@ class Bench:
         def work() -> None:
             for kv in range(self.device.num_kv):
                 for layer in range(self.device.layer_num):
-                    dev_rows = self.device.rows(kv, layer)
+                    dev_rows = self.device.rows(kv, layer).view(-1, host.head_num, host.head_elems)
                     host_rows = rows[kv, layer]
                     for dev_page, host_page in pairs:
                         dev_part = dev_rows[dev_page * size : (dev_page + 1) * size]
@@ -328,19 +328,21 @@ class Bench:
             for kv in range(self.device.num_kv):
                 for layer in range(self.device.layer_num):
                     device_rows = self.device.rows(kv, layer)[dev_idx].cpu()
-                    if not torch.equal(
-                        device_rows.view(torch.uint8),
-                        rows[kv, layer][page, offset].view(torch.uint8),
-                    ):
+                    host_rows = rows[kv, layer][page, offset].reshape(device_rows.shape)
+                    if not torch.equal(device_rows.view(torch.uint8), host_rows.view(torch.uint8)):
                         direction = "d2h" if to_host else "h2d"
                         raise SystemExit(
                             f"kernel {direction} moved wrong bytes: kv {kv} layer {layer}"
                         )
 
+    def supported(self, layouts: Sequence[str]) -> list[str]:
+        """Keep the layouts this shape's host pool can take (MLA has no page_head)."""
+        return [name for name in layouts if not (self.shape.mla and name == Layout.PAGE_HEAD)]
+
     def measure(self, layouts: Sequence[str], out: list[Case], log: Callable[[Case], None]) -> None:
-        """Run every case of this shape and page size."""
+        """Run every case of this shape and page size, in the layouts it supports."""
         shape, element = self.shape, self.device.dtype.itemsize
-        for layout in layouts:
+        for layout in self.supported(layouts):
             pool = self.host_pool(layout)
             view = HostView.from_pool(pool)
             transfer = KVTransfer(self.device, pool, backend="triton")
@@ -588,8 +590,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for page_size in args.page_sizes:
             bench = Bench(args, shape, page_size)
             bench.measure(args.layouts, cases, lambda case: print(_row(case), flush=True))
-            if page_size == max(args.page_sizes):
-                concurrent.append(bench.concurrent(args.layouts[0]))
+            layouts = bench.supported(args.layouts)
+            if page_size == max(args.page_sizes) and layouts:
+                concurrent.append(bench.concurrent(layouts[0]))
             del bench
             torch.cuda.empty_cache()
             _write(args.json, meta, cases, concurrent)

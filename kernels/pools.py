@@ -1,15 +1,18 @@
 """The two sides of a KV transfer: the layer-first device pool and a stride view of a host buffer.
 
 A transfer moves *rows*: the K (or V, or MLA latent) data of one token slot in one layer, ``H * D``
-contiguous elements. On the device, row ``(kv, layer, slot)`` lives in that layer's K or V tensor
-at ``slot * token_stride``. On the host, :class:`HostView` places it by four strides and a page
-size, which covers every layout of :mod:`hicache_storage.hostpool` and any other buffer whose rows
-are contiguous::
+elements. On the device, row ``(kv, layer, slot)`` lives, contiguous, in that layer's K or V
+tensor at ``slot * token_stride``. On the host, :class:`HostView` places each head of it by five
+strides and a page size, which covers every layout of :mod:`hicache_storage.hostpool` and any
+other buffer whose heads are contiguous::
 
-    offset(kv, layer, slot) = kv * stride_kv + layer * stride_layer
+    offset(kv, layer, slot, head) = kv * stride_kv + layer * stride_layer
         + (slot // page_size) * stride_page + (slot % page_size) * stride_token
+        + head * stride_head
 
-so the kernels need no particular host layout.
+so the kernels need no particular host layout. In every layout but ``page_head`` a row's heads
+are packed (``stride_head`` is ``D``, the row is contiguous); under ``page_head`` they are a page's
+worth of tokens and layers apart.
 """
 
 from __future__ import annotations
@@ -146,11 +149,13 @@ class DevicePool:
 
 @dataclass(frozen=True)
 class HostView:
-    """Where each row of a host KV buffer lives: a tensor, four strides and a page size.
+    """Where each row of a host KV buffer lives: a tensor, five strides and a page size.
 
-    Strides count elements of ``buffer`` from ``buffer.data_ptr()``; each row is ``row_shape``
-    contiguous elements. Build one from a host pool with :meth:`from_pool`, or describe any other
-    buffer directly (the kernels assume nothing more than the offset formula of this module).
+    Strides count elements of ``buffer`` from ``buffer.data_ptr()``. A row is ``row_shape``
+    elements: ``row_shape[0]`` heads (1 for MLA), each of ``row_shape[1:]`` contiguous elements,
+    ``stride_head`` apart; the default None packs the heads, making the whole row contiguous.
+    Build one from a host pool with :meth:`from_pool`, or describe any other buffer directly (the
+    kernels assume nothing more than the offset formula of this module).
     """
 
     buffer: torch.Tensor
@@ -163,6 +168,7 @@ class HostView:
     stride_layer: int
     stride_page: int
     stride_token: int
+    stride_head: int | None = None
 
     def __post_init__(self) -> None:
         counts = {
@@ -180,12 +186,24 @@ class HostView:
             raise HostPoolError(
                 f"host view size ({self.size}) is not a multiple of page_size ({self.page_size})"
             )
-        strides = (self.stride_kv, self.stride_layer, self.stride_page, self.stride_token)
+        strides = (
+            self.stride_kv,
+            self.stride_layer,
+            self.stride_page,
+            self.stride_token,
+            self.head_stride,
+        )
         if min(strides) < 0:
             raise HostPoolError(f"host view strides must be non-negative, got {strides}")
-        counts_per_axis = (self.num_kv, self.layer_num, self.size // self.page_size, self.page_size)
+        counts_per_axis = (
+            self.num_kv,
+            self.layer_num,
+            self.size // self.page_size,
+            self.page_size,
+            self.head_num,
+        )
         last = sum((n - 1) * s for n, s in zip(counts_per_axis, strides, strict=True))
-        end = last + self.row_elems
+        end = last + self.head_elems
         available = self.buffer.untyped_storage().nbytes() // self.buffer.element_size()
         available -= int(self.buffer.storage_offset())
         if end > available:
@@ -198,6 +216,26 @@ class HostView:
     def row_elems(self) -> int:
         """Elements in one row."""
         return _row_elems(self.row_shape)
+
+    @property
+    def head_num(self) -> int:
+        """Heads in one row (its first axis; 1 for MLA)."""
+        return self.row_shape[0] if self.row_shape else 1
+
+    @property
+    def head_elems(self) -> int:
+        """Contiguous elements of one head of a row."""
+        return _row_elems(self.row_shape[1:])
+
+    @property
+    def head_stride(self) -> int:
+        """Elements from one head of a row to the next (``head_elems`` when they are packed)."""
+        return self.head_elems if self.stride_head is None else self.stride_head
+
+    @property
+    def rows_contiguous(self) -> bool:
+        """Whether every row is ``row_elems`` contiguous elements."""
+        return self.head_num == 1 or self.head_stride == self.head_elems
 
     @property
     def dtype(self) -> torch.dtype:
@@ -213,14 +251,19 @@ class HostView:
         stride = full.stride()
         num_kv = 1 if pool.is_mla else 2
         kv_stride = 0 if pool.is_mla else stride[0]
+        head: int | None = None
+        row_shape: tuple[int, ...]
         if pool.layout is Layout.LAYER_FIRST:
             layer, token, row_shape = stride[1], stride[2], full.shape[3:]
             page = pool.page_size * token
         elif pool.layout is Layout.PAGE_FIRST:
             token, layer, row_shape = stride[1], stride[2], full.shape[3:]
             page = pool.page_size * token
-        else:
+        elif pool.layout is Layout.PAGE_FIRST_DIRECT:
             page, layer, token, row_shape = stride[1], stride[2], stride[3], full.shape[4:]
+        else:  # page_head, (2, pages, H, page, L, D): a row's heads are a page of tokens apart
+            page, head, token, layer = stride[1], stride[2], stride[3], stride[4]
+            row_shape = (full.shape[2], full.shape[5])
         return cls(
             buffer=buffer,
             num_kv=num_kv,
@@ -232,19 +275,28 @@ class HostView:
             stride_layer=layer,
             stride_page=page,
             stride_token=token,
+            stride_head=head,
         )
 
     def rows(self) -> torch.Tensor:
-        """View the buffer as ``(num_kv, layer_num, pages, page_size, row elements)``."""
+        """View the buffer as ``(num_kv, layer_num, pages, page_size, head_num, head_elems)``."""
         return self.buffer.as_strided(
             (
                 self.num_kv,
                 self.layer_num,
                 self.size // self.page_size,
                 self.page_size,
-                self.row_elems,
+                self.head_num,
+                self.head_elems,
             ),
-            (self.stride_kv, self.stride_layer, self.stride_page, self.stride_token, 1),
+            (
+                self.stride_kv,
+                self.stride_layer,
+                self.stride_page,
+                self.stride_token,
+                self.head_stride,
+                1,
+            ),
         )
 
     def check_matches(self, device: DevicePool) -> None:

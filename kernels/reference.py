@@ -45,7 +45,7 @@ def transfer_reference(
     host_rows = host.rows()
     for kv in range(device.num_kv):
         for index in layers:
-            dev_rows = device.rows(kv, index)
+            dev_rows = device.rows(kv, index).view(device.size, host.head_num, host.head_elems)
             if to_host:
                 host_rows[kv, index][page, offset] = dev_rows[dev_idx].to(host.buffer.device)
             else:

@@ -6,7 +6,9 @@ One kernel serves every case: both directions, per layer or all layers, MHA or M
 type and any host layout. It copies raw bits: each row is seen as words of the widest integer type
 (8, 4, 2 or 1 bytes) that the row size, the strides and every base address allow, split into
 ``CHUNKS_PER_ROW`` chunks of ``CHUNK`` words (a power of two, as ``tl.arange`` needs; MLA's 576
-bf16 elements are 144 8-byte words, 9 chunks of 16).
+bf16 elements are 144 8-byte words, 9 chunks of 16). Where the host row's heads are apart
+(``page_head``) the chunks are cut from each head, ``CHUNKS_PER_HEAD`` to a head, and a chunk's
+host address adds its head's stride; elsewhere ``CHUNKS_PER_HEAD == CHUNKS_PER_ROW``.
 
 A launch is a persistent grid of at most ``programs`` programs, each one CTA: program ``p`` takes
 tiles ``p, p + programs, ...`` until the work is done. A grid of ``n`` one-CTA programs can occupy
@@ -50,6 +52,7 @@ def _tile_addresses(
     host_stride_layer,
     host_stride_page,
     host_stride_token,
+    host_stride_head,
     dev_index_ptr,
     host_index_ptr,
     n_tokens,
@@ -61,6 +64,7 @@ def _tile_addresses(
     tile_tokens,
     CHUNK: tl.constexpr,
     CHUNKS_PER_ROW: tl.constexpr,
+    CHUNKS_PER_HEAD: tl.constexpr,
     ALIGN: tl.constexpr,
     PAGE: tl.constexpr,
     TOKENS: tl.constexpr,
@@ -102,12 +106,20 @@ def _tile_addresses(
     # than hinting with tl.multiple_of, which constant folding can drop) lets Triton prove the
     # alignment it needs for 16-byte accesses.
     dev_row = (dev_base + dev_slot * dev_token_stride) * ALIGN + chunk * CHUNK
+    if CHUNKS_PER_HEAD == CHUNKS_PER_ROW:
+        # The host row is contiguous, like the device row.
+        host_chunk = chunk * CHUNK
+    else:
+        # The host row's heads are apart (page_head): chunk c is in head c // CHUNKS_PER_HEAD.
+        head = chunk // CHUNKS_PER_HEAD
+        host_chunk = head.to(tl.int64) * host_stride_head * ALIGN
+        host_chunk += (chunk % CHUNKS_PER_HEAD) * CHUNK
     host_row = (
         kv.to(tl.int64) * host_stride_kv
         + layer.to(tl.int64) * host_stride_layer
         + (host_slot // PAGE).to(tl.int64) * host_stride_page
         + (host_slot % PAGE).to(tl.int64) * host_stride_token
-    ) * ALIGN + chunk * CHUNK
+    ) * ALIGN + host_chunk
     cols = tl.arange(0, CHUNK)
     dev_at = dev_ptr + dev_row[:, None] + cols[None, :]
     host_at = host_ptr + host_row[:, None] + cols[None, :]
@@ -132,6 +144,7 @@ def _transfer_kernel(
     host_stride_layer,
     host_stride_page,
     host_stride_token,
+    host_stride_head,
     dev_index_ptr,
     host_index_ptr,
     n_tokens,
@@ -145,6 +158,7 @@ def _transfer_kernel(
     pace_ns,
     CHUNK: tl.constexpr,
     CHUNKS_PER_ROW: tl.constexpr,
+    CHUNKS_PER_HEAD: tl.constexpr,
     ALIGN: tl.constexpr,
     PAGE: tl.constexpr,
     TOKENS: tl.constexpr,
@@ -177,6 +191,7 @@ def _transfer_kernel(
         host_stride_layer,
         host_stride_page,
         host_stride_token,
+        host_stride_head,
         dev_index_ptr,
         host_index_ptr,
         n_tokens,
@@ -188,6 +203,7 @@ def _transfer_kernel(
         tile_tokens,
         CHUNK,
         CHUNKS_PER_ROW,
+        CHUNKS_PER_HEAD,
         ALIGN,
         PAGE,
         TOKENS,
@@ -214,6 +230,7 @@ def _transfer_kernel(
             host_stride_layer,
             host_stride_page,
             host_stride_token,
+            host_stride_head,
             dev_index_ptr,
             host_index_ptr,
             n_tokens,
@@ -225,6 +242,7 @@ def _transfer_kernel(
             tile_tokens,
             CHUNK,
             CHUNKS_PER_ROW,
+            CHUNKS_PER_HEAD,
             ALIGN,
             PAGE,
             TOKENS,
@@ -275,13 +293,14 @@ class LaunchPlan:
     dev_offsets: torch.Tensor
     dev_token_stride: int
     host_tensor: torch.Tensor
-    host_strides: tuple[int, int, int, int]
+    host_strides: tuple[int, int, int, int, int]
     page_size: int
     num_kv: int
     layer_num: int
     word_bytes: int
     chunk: int
     chunks_per_row: int
+    chunks_per_head: int
     align: int
     num_warps: int
     balance_rounds: int
@@ -341,37 +360,40 @@ def plan_transfer(device: DevicePool, host: HostView, config: KernelConfig) -> L
     """Choose the word size, chunking, tiling and alignment hints for two pools."""
     element = device.dtype.itemsize
     pointers = [t.data_ptr() for part in device.buffers for t in part]
+    # The host side copies contiguous segments: whole rows, or single heads when they are apart.
+    split = not host.rows_contiguous
+    segment_nbytes = host.head_elems * element if split else device.row_nbytes
+    strides = (
+        host.stride_kv,
+        host.stride_layer,
+        host.stride_page,
+        host.stride_token,
+        host.head_stride if split else 0,
+    )
     byte_quantities = [
         device.row_nbytes,
+        segment_nbytes,
         device.token_stride * element,
         host.buffer.data_ptr(),
-        *(
-            s * element
-            for s in (host.stride_kv, host.stride_layer, host.stride_page, host.stride_token)
-        ),
+        *(s * element for s in strides),
         *pointers,
     ]
     word = min(8, *(_largest_pow2_divisor(q) for q in byte_quantities))
     row_words = device.row_nbytes // word
-    chunk = min(_largest_pow2_divisor(row_words), max(1, config.max_chunk_bytes // word))
+    segment_words = segment_nbytes // word
+    chunk = min(_largest_pow2_divisor(segment_words), max(1, config.max_chunk_bytes // word))
     chunks_per_row = row_words // chunk
     base = pointers[0]
     offsets = [(p - base) // word for p in pointers]
-    host_strides = (
-        host.stride_kv * element // word,
-        host.stride_layer * element // word,
-        host.stride_page * element // word,
-        host.stride_token * element // word,
-    )
+    kv, layer, page, token, head = (s * element // word for s in strides)
     page_size = host.page_size
     if host.stride_page == page_size * host.stride_token:
         # Pages are just runs of tokens (layer_first, page_first): address slots directly, which
         # saves the division and one kernel variant per page size.
-        page_size = 1
-        host_strides = (*host_strides[:2], host_strides[3], host_strides[3])
+        page_size, page = 1, token
     align = chunk
     dev_token_stride = device.token_stride * element // word
-    for quantity in (dev_token_stride, *host_strides, *offsets):
+    for quantity in (dev_token_stride, kv, layer, page, token, head, *offsets):
         align = math.gcd(align, quantity)
     target = _next_pow2(max(1, config.tile_bytes // (chunk * word)))
     return LaunchPlan(
@@ -381,18 +403,14 @@ def plan_transfer(device: DevicePool, host: HostView, config: KernelConfig) -> L
         ),
         dev_token_stride=dev_token_stride // align,
         host_tensor=_words(host.buffer, word),
-        host_strides=(
-            host_strides[0] // align,
-            host_strides[1] // align,
-            host_strides[2] // align,
-            host_strides[3] // align,
-        ),
+        host_strides=(kv // align, layer // align, page // align, token // align, head // align),
         page_size=page_size,
         num_kv=device.num_kv,
         layer_num=device.layer_num,
         word_bytes=word,
         chunk=chunk,
         chunks_per_row=chunks_per_row,
+        chunks_per_head=segment_words // chunk,
         align=align,
         num_warps=config.num_warps,
         balance_rounds=config.balance_rounds,
@@ -485,6 +503,7 @@ def launch(
         pace_ns,
         CHUNK=plan.chunk,
         CHUNKS_PER_ROW=plan.chunks_per_row,
+        CHUNKS_PER_HEAD=plan.chunks_per_head,
         ALIGN=plan.align,
         PAGE=plan.page_size,
         TOKENS=shape.tokens,

@@ -24,11 +24,15 @@ from hicache_storage.hostpool import (
     MHAHostPool,
     MLAHostPool,
     PageAllocator,
+    mla_buffer_shape,
+    mla_page_shape,
 )
 
 SIZE, PAGE, LAYERS, HEADS, HEAD_DIM, KV_DIM = 32, 4, 3, 2, 8, 16
 LAYOUTS = list(Layout)
+MLA_LAYOUTS = [layout for layout in LAYOUTS if layout is not Layout.PAGE_HEAD]
 KINDS = ["mha", "mla"]
+POOL_KINDS = [("mha", layout) for layout in LAYOUTS] + [("mla", layout) for layout in MLA_LAYOUTS]
 DTYPES = [torch.bfloat16, torch.float32]
 
 
@@ -55,7 +59,7 @@ def fill_random(pool: HostKVPool, seed: int = 0) -> None:
     pool_bytes(pool)[:] = rng.integers(0, 256, pool.kv_buffer.nbytes, dtype=np.uint8)
 
 
-@pytest.fixture(params=[(k, lay, dt) for k in KINDS for lay in LAYOUTS for dt in DTYPES])
+@pytest.fixture(params=[(k, lay, dt) for k, lay in POOL_KINDS for dt in DTYPES])
 def pool(request: pytest.FixtureRequest) -> HostKVPool:
     kind, layout, dtype = request.param
     return make_pool(kind, layout, dtype)
@@ -73,6 +77,10 @@ EXPECTED_SHAPES = {
     ("mha", Layout.PAGE_FIRST_DIRECT): (
         (2, SIZE // PAGE, LAYERS, PAGE, HEADS, HEAD_DIM),
         (2, LAYERS, PAGE, HEADS, HEAD_DIM),
+    ),
+    ("mha", Layout.PAGE_HEAD): (
+        (2, SIZE // PAGE, HEADS, PAGE, LAYERS, HEAD_DIM),
+        (2, HEADS, PAGE, LAYERS, HEAD_DIM),
     ),
     ("mla", Layout.LAYER_FIRST): ((LAYERS, SIZE, 1, KV_DIM), (LAYERS, PAGE, KV_DIM)),
     ("mla", Layout.PAGE_FIRST): ((SIZE, LAYERS, 1, KV_DIM), (PAGE, LAYERS, KV_DIM)),
@@ -108,8 +116,7 @@ def test_shapes_and_attributes(pool: HostKVPool) -> None:
         assert pool.kv_cache_dim == KV_DIM
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(("kind", "layout"), POOL_KINDS)
 def test_buffers_per_page(kind: str, layout: Layout) -> None:
     pool = make_pool(kind, layout)
     expected = {
@@ -117,6 +124,7 @@ def test_buffers_per_page(kind: str, layout: Layout) -> None:
         ("mla", Layout.LAYER_FIRST): LAYERS,
         ("mha", Layout.PAGE_FIRST): 2,
         ("mha", Layout.PAGE_FIRST_DIRECT): 2,
+        ("mha", Layout.PAGE_HEAD): 2,
         ("mla", Layout.PAGE_FIRST): 1,
         ("mla", Layout.PAGE_FIRST_DIRECT): 1,
     }[(kind, layout)]
@@ -239,9 +247,13 @@ def test_canonical_order_mha(layout: Layout) -> None:
             expected = torch.stack([k[:, start:end], v[:, start:end]])
         elif layout is Layout.PAGE_FIRST:
             expected = torch.stack([k[start:end], v[start:end]])
-        else:
+        else:  # page_first_direct, page_head: the page's slice of K, then of V
             expected = torch.stack([k[start // PAGE], v[start // PAGE]])
         assert torch.equal(pool.get_data_page(start), expected)
+        if layout is Layout.PAGE_HEAD:
+            # SGLang's MHATokenToKVPoolHost.get_data_page(start, flat=True) for page_head.
+            sglang_page = pool.kv_buffer[:, start // PAGE : start // PAGE + 1].flatten()
+            assert torch.equal(pool.get_data_page(start).flatten(), sglang_page)
         out = bytearray(pool.page_nbytes)
         pool.read_page(start, out)
         assert bytes(out) == tensor_bytes(expected)
@@ -249,7 +261,7 @@ def test_canonical_order_mha(layout: Layout) -> None:
         assert b"".join(bytes(view) for view in views) == tensor_bytes(expected)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", MLA_LAYOUTS)
 def test_canonical_order_mla(layout: Layout) -> None:
     pool = make_pool("mla", layout)
     kv = pool.kv_buffer
@@ -359,6 +371,33 @@ def test_bad_construction() -> None:
         MHAHostPool(8, 4, 2, 2, 8, dtype="bf16", pin_memory=False)  # type: ignore[arg-type]
 
 
+def test_page_head_is_mha_only() -> None:
+    with pytest.raises(HostPoolError, match="page_head is MHA-only"):
+        MLAHostPool(SIZE, PAGE, LAYERS, KV_DIM, layout="page_head", pin_memory=False)
+    with pytest.raises(HostPoolError, match="page_head is MHA-only"):
+        mla_buffer_shape(Layout.PAGE_HEAD, SIZE, PAGE, LAYERS, KV_DIM)
+    with pytest.raises(HostPoolError, match="page_head is MHA-only"):
+        mla_page_shape(Layout.PAGE_HEAD, PAGE, LAYERS, KV_DIM)
+    with pytest.raises(HostPoolError, match="page_head is MHA-only"):
+        MLAHostPool.from_buffer(
+            torch.zeros(SIZE // PAGE, 1, PAGE, LAYERS, KV_DIM), PAGE, "page_head"
+        )
+
+
+def test_page_head_element_address() -> None:
+    pool = make_pool("mha", Layout.PAGE_HEAD)
+    assert isinstance(pool, MHAHostPool)
+    pool.kv_buffer.copy_(
+        torch.arange(pool.kv_buffer.numel(), dtype=torch.float32).view_as(pool.kv_buffer)
+    )
+    flat_k = pool.k_buffer.reshape(-1)
+    for token, layer, head in [(0, 0, 0), (5, 2, 1), (SIZE - 1, 1, 0)]:
+        page, offset = divmod(token, PAGE)
+        at = ((page * HEADS + head) * PAGE + offset) * LAYERS * HEAD_DIM + layer * HEAD_DIM
+        expected = pool.k_buffer[page, head, offset, layer]
+        assert torch.equal(flat_k[at : at + HEAD_DIM], expected)
+
+
 def test_layout_parse() -> None:
     assert Layout.parse("PAGE_FIRST") is Layout.PAGE_FIRST
     assert Layout.parse(Layout.LAYER_FIRST) is Layout.LAYER_FIRST
@@ -382,6 +421,160 @@ def test_pool_alloc_free_delegate() -> None:
     assert pool.page_starts(indices) == [0, PAGE]
     pool.free(indices)
     assert pool.allocator.available_size() == SIZE
+
+
+# --- adopting an existing tensor -----------------------------------------------------------------
+
+
+def adopt(kind: str, tensor: object, layout: Layout | str, page_size: int = PAGE) -> HostKVPool:
+    cls = MHAHostPool if kind == "mha" else MLAHostPool
+    return cls.from_buffer(tensor, page_size, layout)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.uint8])
+@pytest.mark.parametrize(("kind", "layout"), POOL_KINDS)
+def test_from_buffer_adopts_the_tensor_in_place(
+    kind: str, layout: Layout, dtype: torch.dtype
+) -> None:
+    buffer_shape, page_shape = EXPECTED_SHAPES[(kind, layout)]
+    # A view into a larger buffer, as an engine's pool may be: only its own bytes are the pool.
+    storage = torch.zeros(math.prod(buffer_shape) + 16, dtype=dtype)
+    tensor = storage[8:-8].view(buffer_shape)
+    pool = adopt(kind, tensor, layout.value.upper())
+    reference = make_pool(kind, layout, dtype)
+    assert pool.kv_buffer is tensor and pool.base_ptr == tensor.data_ptr()
+    assert (pool.dtype, pool.layout, pool.page_shape) == (dtype, layout, page_shape)
+    assert (pool.size, pool.page_size, pool.num_pages, pool.layer_num) == (SIZE, PAGE, 8, LAYERS)
+    assert (pool.page_nbytes, pool.allocator.available_size()) == (reference.page_nbytes, SIZE)
+    if isinstance(pool, MHAHostPool):
+        assert (pool.head_num, pool.head_dim) == (HEADS, HEAD_DIM)
+        assert pool.k_buffer.data_ptr() == tensor.data_ptr()
+        assert pool.v_buffer.data_ptr() == tensor[1].data_ptr()
+    else:
+        assert isinstance(pool, MLAHostPool) and pool.kv_cache_dim == KV_DIM
+
+    # Writes through the tensor show in the pool's pages...
+    fill_random(reference, seed=6)
+    tensor.copy_(reference.kv_buffer)
+    for start in (0, 12, SIZE - PAGE):
+        out = bytearray(pool.page_nbytes)
+        pool.read_page(start, out)
+        expected = tensor_bytes(reference.get_data_page(start))
+        assert bytes(out) == expected
+        assert b"".join(bytes(view) for view in pool.page_buffer_views(page(start))[0]) == expected
+    # ...and writes through the pool show in the tensor, and nowhere else in its storage.
+    data = np.random.default_rng(7).integers(0, 256, pool.page_nbytes, dtype=np.uint8)
+    pool.write_page(8, data)
+    reference.write_page(8, data)
+    for view in pool.page_buffer_views(page(20))[0]:
+        view[:] = b"\x05" * view.nbytes
+    for view in reference.page_buffer_views(page(20))[0]:
+        view[:] = b"\x05" * view.nbytes
+    assert torch.equal(tensor.view(torch.uint8), reference.kv_buffer.view(torch.uint8))
+    assert not storage[:8].view(torch.uint8).any() and not storage[-8:].view(torch.uint8).any()
+
+
+def test_from_buffer_keeps_pinned_and_unpinned_tensors_as_they_are() -> None:
+    tensor = torch.zeros(2, LAYERS, SIZE, HEADS, HEAD_DIM)
+    pool = MHAHostPool.from_buffer(tensor, PAGE, Layout.LAYER_FIRST)
+    assert not pool.kv_buffer.is_pinned()
+    assert pool.kv_buffer is tensor
+
+
+MHA_LAYER_FIRST = (2, LAYERS, SIZE, HEADS, HEAD_DIM)
+
+
+@pytest.mark.parametrize(
+    ("kind", "tensor", "layout", "message"),
+    [
+        ("mha", np.zeros(MHA_LAYER_FIRST), "layer_first", "MHA layer_first .* torch.Tensor"),
+        ("mla", [[0.0]], "page_first", "MLA page_first .* torch.Tensor"),
+        (
+            "mha",
+            torch.zeros(MHA_LAYER_FIRST, device="meta"),
+            "layer_first",
+            "MHA layer_first .* CPU tensor, got one on meta",
+        ),
+        (
+            "mha",
+            torch.zeros(2, LAYERS, HEADS, SIZE, HEAD_DIM).transpose(2, 3),
+            "layer_first",
+            "MHA layer_first .* contiguous",
+        ),
+        (
+            "mla",
+            torch.zeros(SIZE, LAYERS, 1, 2 * KV_DIM)[..., ::2],
+            "page_first",
+            "MLA page_first .* contiguous",
+        ),
+        (
+            "mha",
+            torch.zeros(LAYERS, SIZE, HEADS, HEAD_DIM),
+            "layer_first",
+            r"MHA layer_first pool \(2, L, size, H, D\) .* 4 dimensions, the layout has 5",
+        ),
+        (
+            "mha",
+            torch.zeros(3, LAYERS, SIZE, HEADS, HEAD_DIM),
+            "layer_first",
+            "MHA layer_first .* K/V axis has length 3",
+        ),
+        (
+            "mha",
+            torch.zeros(2, 30, LAYERS, HEADS, HEAD_DIM),
+            "page_first",
+            "MHA page_first .* 30 token slots are not a whole number of pages",
+        ),
+        (
+            "mha",
+            torch.zeros(2, 8, LAYERS, PAGE + 1, HEADS, HEAD_DIM),
+            "page_first_direct",
+            r"MHA page_first_direct pool \(2, pages, L, page, H, D\) .* in-page axis has length 5",
+        ),
+        (
+            "mha",
+            torch.zeros(2, 8, HEADS, 2 * PAGE, LAYERS, HEAD_DIM),
+            "page_head",
+            r"MHA page_head pool \(2, pages, H, page, L, D\) .* in-page axis has length 8",
+        ),
+        (
+            "mha",
+            torch.zeros(2, 0, SIZE, HEADS, HEAD_DIM),
+            "layer_first",
+            "MHA layer_first .* every axis must be non-empty",
+        ),
+        (
+            "mla",
+            torch.zeros(LAYERS, SIZE, 2, KV_DIM),
+            "layer_first",
+            r"MLA layer_first pool \(L, size, 1, d\) .* head axis has length 2, not 1",
+        ),
+        (
+            "mla",
+            torch.zeros(8, LAYERS, PAGE, 4, KV_DIM),
+            "page_first_direct",
+            "MLA page_first_direct .* head axis has length 4, not 1",
+        ),
+        (
+            "mla",
+            torch.zeros(2, LAYERS, SIZE, 1, KV_DIM),
+            "layer_first",
+            "MLA layer_first .* 5 dimensions, the layout has 4",
+        ),
+        ("mla", torch.zeros(30, LAYERS, 1, KV_DIM), "page_first", "not a whole number of pages"),
+        ("mla", torch.zeros(8, 1, PAGE, LAYERS, KV_DIM), "page_head", "page_head is MHA-only"),
+        ("mha", torch.zeros(MHA_LAYER_FIRST), "row_major", "unknown host pool layout"),
+    ],
+)
+def test_from_buffer_refuses(kind: str, tensor: object, layout: str, message: str) -> None:
+    with pytest.raises(HostPoolError, match=message):
+        adopt(kind, tensor, layout)
+
+
+@pytest.mark.parametrize("page_size", [0, -4, 2.0, True])
+def test_from_buffer_needs_a_positive_page_size(page_size: object) -> None:
+    with pytest.raises(HostPoolError, match="page_size must be a positive int"):
+        adopt("mha", torch.zeros(MHA_LAYER_FIRST), "layer_first", page_size)  # type: ignore[arg-type]
 
 
 # --- allocator ----------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ DERANDOMIZE = "HICACHE_KERNEL_EXAMPLES" not in os.environ
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.uint8, torch.float8_e4m3fn]
 GUARD = 96  # elements of canary before and after every buffer (and between device layers)
 BACKENDS: list[Backend] = ["triton", "reference"]
+MLA_LAYOUTS = [layout for layout in Layout if layout is not Layout.PAGE_HEAD]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -81,6 +82,8 @@ class Setup:
             return part[slot, layer]
         if self.layout is Layout.PAGE_FIRST_DIRECT:
             return part[slot // page, layer, slot % page]
+        if self.layout is Layout.PAGE_HEAD:
+            return part[slot // page, :, slot % page, layer]
         # The custom layout of ``custom_setup``: (layer, kv, slot, *row).
         return buffer[layer, kv, slot]
 
@@ -268,7 +271,7 @@ def cases(draw: st.DrawFn) -> Case:
         page_size=page_size,
         host_pages=host_pages,
         device_size=device_size,
-        layout=draw(st.sampled_from(list(Layout))),
+        layout=draw(st.sampled_from(MLA_LAYOUTS if mla else list(Layout))),
         dev_idx=dev_idx,
         host_idx=host_idx,
         to_host=draw(st.booleans()),
@@ -353,7 +356,7 @@ def test_transfer_moves_exactly_the_listed_slots(backend: Backend, case: Case) -
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("layout", list(Layout))
+@pytest.mark.parametrize("layout", MLA_LAYOUTS)
 @pytest.mark.parametrize("to_host", [True, False], ids=["d2h", "h2d"])
 def test_transfer_moves_mla_576_rows_of_bf16(
     backend: Backend, layout: Layout, to_host: bool
@@ -462,6 +465,52 @@ def test_transfer_accepts_a_host_pool_object() -> None:
         for dev, host in zip([9, 0, 3, 1], [4, 5, 6, 7], strict=True):
             assert torch.equal(device.buffers[0][layer][dev], pool.kv_buffer[0, 1, layer, host - 4])
             assert torch.equal(device.buffers[1][layer][dev], pool.kv_buffer[1, 1, layer, host - 4])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layer", [None, 1])
+def test_transfer_page_head_follows_sglang_addressing(backend: Backend, layer: int | None) -> None:
+    layers, heads, dim, page_size = 3, 2, 4, 4
+    storage = torch.randn(2 * 3 * heads * page_size * layers * dim + 8)
+    pool = MHAHostPool.from_buffer(
+        storage[8:].view(2, 3, heads, page_size, layers, dim), page_size, "page_head"
+    )
+    device = DevicePool.mha(10, layers, heads, dim, torch.float32)
+    for part in device.buffers:
+        for tensor in part:
+            tensor.copy_(torch.randn(tensor.shape))
+    transfer = KVTransfer(device, pool, backend=backend)
+    dev_idx, host_idx = [9, 0, 3, 1, 6], [4, 5, 6, 7, 9]
+    transfer.backup(dev_idx, host_idx, layer=layer)
+    flat = pool.kv_buffer.view(2, -1)
+    for kv in range(2):
+        for index in range(layers) if layer is None else [layer]:
+            for dev, slot in zip(dev_idx, host_idx, strict=True):
+                page, offset = divmod(slot, page_size)
+                for head in range(heads):
+                    at = ((page * heads + head) * page_size + offset) * layers * dim + index * dim
+                    expected = device.buffers[kv][index][dev, head]
+                    assert torch.equal(flat[kv, at : at + dim], expected)
+    before = [t.clone() for part in device.buffers for t in part]
+    device_copy = DevicePool.mha(10, layers, heads, dim, torch.float32)
+    KVTransfer(device_copy, pool, backend=backend).load(host_idx, dev_idx, layer=layer)
+    for kv in range(2):
+        for index in range(layers) if layer is None else [layer]:
+            rows = device_copy.buffers[kv][index][dev_idx]
+            assert torch.equal(rows, before[kv * layers + index][dev_idx])
+
+
+def test_plan_splits_page_head_rows_into_heads() -> None:
+    from hicache_storage.kernels.triton_kernels import plan_transfer
+
+    pool = MHAHostPool(16, 4, 3, 2, 64, torch.bfloat16, "page_head", pin_memory=False)
+    device = DevicePool.mha(8, 3, 2, 64, torch.bfloat16)
+    plan = plan_transfer(device, HostView.from_pool(pool), KernelConfig(max_chunk_bytes=64))
+    assert (plan.word_bytes, plan.chunk, plan.chunks_per_row, plan.chunks_per_head) == (8, 8, 4, 2)
+    assert plan.host_strides[4] * plan.align == 4 * 3 * 64 * 2 // 8
+    contiguous = MHAHostPool(16, 4, 3, 2, 64, torch.bfloat16, "page_first", pin_memory=False)
+    plan = plan_transfer(device, HostView.from_pool(contiguous), KernelConfig())
+    assert plan.chunks_per_head == plan.chunks_per_row and plan.host_strides[4] == 0
 
 
 def test_transfer_rejects_mismatched_pools() -> None:
@@ -573,8 +622,8 @@ names = list(_transfer_kernel.arg_names)
 pointers = {"dev_ptr", "dev_offsets_ptr", "host_ptr", "dev_index_ptr", "host_index_ptr"}
 report = {}
 for paced, pdl in ((False, False), (True, False), (False, True)):
-    constants = dict(CHUNK=16, CHUNKS_PER_ROW=2, ALIGN=16, PAGE=1, TOKENS=8, LAYERS=1, SLOTS=16,
-                     TOKEN_MAJOR=False, TO_HOST=True, PACED=paced, PDL=pdl)
+    constants = dict(CHUNK=16, CHUNKS_PER_ROW=2, CHUNKS_PER_HEAD=2, ALIGN=16, PAGE=1, TOKENS=8,
+                     LAYERS=1, SLOTS=16, TOKEN_MAJOR=False, TO_HOST=True, PACED=paced, PDL=pdl)
     signature = {n: "constexpr" if n in constants else "*i64" if n in pointers else "i64"
                  for n in names}
     constexprs = {(names.index(n),): v for n, v in constants.items()}

@@ -112,6 +112,28 @@ def test_views_write_into_the_pool_and_layouts_exchange_objects() -> None:
         assert not read_pages(target.pool, [0, 1, 2, 3, 4, 6, 7]).any()
 
 
+@pytest.mark.parametrize("object_layout", OBJECT_LAYOUTS)
+@pytest.mark.parametrize("group", [1, 2])
+def test_page_head_objects_equal_those_of_other_layouts(object_layout: str, group: int) -> None:
+    plan = plan_for("mha", head_group=group, object_layout=object_layout)
+    head_pool = random_pool("mha", "page_head")
+    direct_pool = make_pool("mha", "page_first_direct")
+    # The same KV: page_head (2, pages, H, page, L, D) is page_first_direct's (2, pages, L, page,
+    # H, D) with the head and layer axes swapped.
+    direct_pool.kv_buffer.copy_(head_pool.kv_buffer.permute(0, 1, 4, 3, 2, 5))
+    head_objects = UnifiedObjectPool(head_pool, plan)
+    direct_objects = UnifiedObjectPool(direct_pool, plan)
+    indices = head_objects.object_indices([*range(4, 8), *range(28, 32)])
+    expected = [b"".join(views) for views in direct_objects.page_buffer_views(indices)]
+    assert [b"".join(views) for views in head_objects.page_buffer_views(indices)] == expected
+    start = int(indices[-4])
+    data = np.random.default_rng(1).integers(0, 256, len(expected[-1]), dtype=np.uint8)
+    head_objects.write_object(start, data)
+    direct_objects.write_object(start, data)
+    as_direct = head_pool.kv_buffer.permute(0, 1, 4, 3, 2, 5).contiguous()
+    assert torch.equal(direct_pool.kv_buffer.view(torch.uint8), as_direct.view(torch.uint8))
+
+
 def test_write_object_scatters_and_checks_size() -> None:
     pool = random_pool("mla", "page_first")
     plan = plan_for("mla")
@@ -138,6 +160,7 @@ def test_write_object_scatters_and_checks_size() -> None:
         ("layer_first", 2, [4, 2]),
         ("page_first", 2, [16, 8]),
         ("page_first_direct", 1, [16, 16, 8, 8]),
+        ("page_head", 2, [32, 16]),
     ],
 )
 def test_span_counts_follow_the_layout(layout: str, group: int, spans: list[int]) -> None:

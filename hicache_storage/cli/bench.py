@@ -110,7 +110,7 @@ def render(report: BenchReport, console: Console) -> None:
 )
 @click.option(
     "--layout",
-    type=click.Choice(["layer_first", "page_first", "page_first_direct"]),
+    type=click.Choice(["layer_first", "page_first", "page_first_direct", "page_head"]),
     default="page_first",
     show_default=True,
     help="Host-pool layout of the --v1 mode.",

@@ -5,8 +5,10 @@ from __future__ import annotations
 from hicache_storage.hostpool.allocator import PageAllocator, page_ids
 from hicache_storage.hostpool.layout import (
     Layout,
+    mha_buffer_geometry,
     mha_buffer_shape,
     mha_page_shape,
+    mla_buffer_geometry,
     mla_buffer_shape,
     mla_page_shape,
 )
@@ -20,8 +22,10 @@ __all__ = [
     "MLAHostPool",
     "PageAllocator",
     "UnifiedObjectPool",
+    "mha_buffer_geometry",
     "mha_buffer_shape",
     "mha_page_shape",
+    "mla_buffer_geometry",
     "mla_buffer_shape",
     "mla_page_shape",
     "page_ids",

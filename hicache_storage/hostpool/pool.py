@@ -11,6 +11,7 @@ pool and layout         regions of one page, in order             object bytes
 MHA layer_first         K layer 0..L-1, then V layer 0..L-1 (2L)  ``(2, L, page, H, D)``
 MHA page_first          K page, then V page (2)                   ``(2, page, L, H, D)``
 MHA page_first_direct   K page, then V page (2)                   ``(2, L, page, H, D)``
+MHA page_head           K page, then V page (2)                   ``(2, H, page, L, D)``
 MLA layer_first         layer 0..L-1 (L)                          ``(L, page, d)``
 MLA page_first          the page (1)                              ``(page, L, d)``
 MLA page_first_direct   the page (1)                              ``(L, page, d)``
@@ -20,6 +21,9 @@ A backend may move the regions zero-copy (:meth:`HostKVPool.page_buffer_meta`,
 :meth:`HostKVPool.page_buffer_views`) or one contiguous value per key
 (:meth:`HostKVPool.read_page`, :meth:`HostKVPool.write_page`); both give the same object bytes.
 Objects written from a pool of one layout cannot be read into a pool of another.
+
+A pool either allocates its tensor or adopts one that another engine already holds, in place
+(:meth:`MHAHostPool.from_buffer`, :meth:`MLAHostPool.from_buffer`).
 
 Internally the pool tensor is seen as a byte grid with one row per region above (2L, 2, L or 1
 rows), each row holding that region for every token; a page is one column range of the grid.
@@ -45,8 +49,10 @@ from hicache_storage.errors import (
 from hicache_storage.hostpool.allocator import PageAllocator, page_ids
 from hicache_storage.hostpool.layout import (
     Layout,
+    mha_buffer_geometry,
     mha_buffer_shape,
     mha_page_shape,
+    mla_buffer_geometry,
     mla_buffer_shape,
     mla_page_shape,
 )
@@ -63,56 +69,47 @@ class HostKVPool:
 
     Parameters
     ----------
-    size, page_size, layer_num, dtype, layout, pin_memory
+    kv_buffer
+        The pool tensor, contiguous on the CPU, shaped for ``layout``.
+    size, page_size, layer_num, layout
         As in the subclasses.
     rows
         Contiguous regions of one page in the pool tensor: 2 (K and V) or 1 (MLA), times
         ``layer_num`` for ``layer_first``.
-    buffer_shape, page_shape
-        Shapes of the pool tensor and of one page object.
+    page_shape
+        Shape of one page object.
     """
 
     is_mla: ClassVar[bool] = False
 
     def __init__(
         self,
+        kv_buffer: torch.Tensor,
         *,
         size: int,
         page_size: int,
         layer_num: int,
-        dtype: torch.dtype,
         layout: Layout,
-        pin_memory: bool | None,
         rows: int,
-        buffer_shape: tuple[int, ...],
         page_shape: tuple[int, ...],
     ) -> None:
-        if not isinstance(dtype, torch.dtype):
-            raise HostPoolError(f"dtype must be a torch.dtype, got {dtype!r}")
-        pin = torch.cuda.is_available() if pin_memory is None else pin_memory
-        try:
-            self.kv_buffer = torch.zeros(buffer_shape, dtype=dtype, pin_memory=pin)
-        except RuntimeError as exc:
-            raise HostPoolError(
-                f"cannot allocate a host pool of shape {buffer_shape} ({dtype}, pinned={pin}): "
-                f"{exc}; pass pin_memory=False on machines without an accelerator"
-            ) from exc
+        self.kv_buffer = kv_buffer
         self.size = size
         self.page_size = page_size
         self.num_pages = size // page_size
         self.layer_num = layer_num
-        self.dtype = dtype
+        self.dtype = kv_buffer.dtype
         self.layout = layout
         self.page_shape = page_shape
-        self.base_ptr = self.kv_buffer.data_ptr()
+        self.base_ptr = kv_buffer.data_ptr()
         self.allocator = PageAllocator(size, page_size)
         self._rows = rows
         # Bytes of one token within one region row; a page is page_size consecutive tokens.
-        self._token_nbytes = self.kv_buffer.numel() * self.kv_buffer.element_size() // (rows * size)
+        self._token_nbytes = kv_buffer.numel() * kv_buffer.element_size() // (rows * size)
         self._region_nbytes = page_size * self._token_nbytes
         self._row_nbytes = size * self._token_nbytes
         self.page_nbytes = rows * self._region_nbytes
-        self._grid = self.kv_buffer.view(-1).view(torch.uint8).view(rows, self._row_nbytes)
+        self._grid = kv_buffer.detach().view(-1).view(torch.uint8).view(rows, self._row_nbytes)
         self._grid_np: npt.NDArray[np.uint8] = self._grid.numpy()
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
@@ -227,6 +224,35 @@ class HostKVPool:
         return np.frombuffer(view, dtype=np.uint8).reshape(self._rows, self._region_nbytes)
 
 
+def _allocate(shape: tuple[int, ...], dtype: torch.dtype, pin_memory: bool | None) -> torch.Tensor:
+    """Allocate a zeroed pool tensor, pinned as asked (None: when CUDA is available)."""
+    if not isinstance(dtype, torch.dtype):
+        raise HostPoolError(f"dtype must be a torch.dtype, got {dtype!r}")
+    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+    try:
+        return torch.zeros(shape, dtype=dtype, pin_memory=pin)
+    except RuntimeError as exc:
+        raise HostPoolError(
+            f"cannot allocate a host pool of shape {shape} ({dtype}, pinned={pin}): "
+            f"{exc}; pass pin_memory=False on machines without an accelerator"
+        ) from exc
+
+
+def _adoptable(kv_buffer: object, kind: str, layout: Layout) -> torch.Tensor:
+    """Return ``kv_buffer`` if a pool can use it in place: a contiguous CPU tensor."""
+    what = f"an {kind} {layout.value} host pool"
+    if not isinstance(kv_buffer, torch.Tensor):
+        raise HostPoolError(f"{what} needs a torch.Tensor, got {type(kv_buffer).__name__}")
+    if kv_buffer.device.type != "cpu":
+        raise HostPoolError(f"{what} needs a CPU tensor, got one on {kv_buffer.device}")
+    if not kv_buffer.is_contiguous():
+        raise HostPoolError(
+            f"{what} needs a contiguous tensor, got shape {tuple(kv_buffer.shape)} with strides "
+            f"{kv_buffer.stride()}"
+        )
+    return kv_buffer
+
+
 class MHAHostPool(HostKVPool):
     """Host pool of multi-head attention KV: K and V, ``head_num`` heads of ``head_dim``.
 
@@ -258,27 +284,69 @@ class MHAHostPool(HostKVPool):
         pin_memory: bool | None = None,
     ) -> None:
         parsed = Layout.parse(layout)
+        shape = mha_buffer_shape(parsed, size, page_size, layer_num, head_num, head_dim)
+        self._adopt(_allocate(shape, dtype, pin_memory), page_size, parsed)
+
+    @classmethod
+    def from_buffer(
+        cls, kv_buffer: torch.Tensor, page_size: int, layout: Layout | str
+    ) -> MHAHostPool:
+        """Make a pool over an existing tensor, in place: no copy, writes show on both sides.
+
+        The geometry comes from the tensor's shape, which must be that of ``layout``:
+        ``layer_first`` ``(2, L, size, H, D)``, ``page_first`` ``(2, size, L, H, D)``,
+        ``page_first_direct`` ``(2, pages, L, page_size, H, D)`` or ``page_head``
+        ``(2, pages, H, page_size, L, D)``, of any dtype. The pool's allocator starts with every
+        page free, whatever the tensor holds.
+
+        Parameters
+        ----------
+        kv_buffer
+            A contiguous CPU tensor, pinned or not; it becomes ``kv_buffer`` of the pool.
+        page_size
+            Tokens per page.
+        layout
+            A :class:`Layout` or its name.
+
+        Returns
+        -------
+        MHAHostPool
+            The pool; its ``kv_buffer`` is ``kv_buffer`` itself.
+
+        Raises
+        ------
+        HostPoolError
+            If ``kv_buffer`` is not a contiguous CPU tensor, or its shape is not one of
+            ``layout`` with pages of ``page_size`` tokens.
+        """
+        pool = cls.__new__(cls)
+        pool._adopt(kv_buffer, page_size, Layout.parse(layout))
+        return pool
+
+    def _adopt(self, kv_buffer: torch.Tensor, page_size: int, layout: Layout) -> None:
+        """Become the pool over ``kv_buffer``: what both constructors share."""
+        tensor = _adoptable(kv_buffer, "MHA", layout)
+        size, layer_num, head_num, head_dim = mha_buffer_geometry(layout, tensor.shape, page_size)
         super().__init__(
+            tensor,
             size=size,
             page_size=page_size,
             layer_num=layer_num,
-            dtype=dtype,
-            layout=parsed,
-            pin_memory=pin_memory,
-            rows=2 * layer_num if parsed is Layout.LAYER_FIRST else 2,
-            buffer_shape=mha_buffer_shape(parsed, size, page_size, layer_num, head_num, head_dim),
-            page_shape=mha_page_shape(parsed, page_size, layer_num, head_num, head_dim),
+            layout=layout,
+            rows=2 * layer_num if layout is Layout.LAYER_FIRST else 2,
+            page_shape=mha_page_shape(layout, page_size, layer_num, head_num, head_dim),
         )
         self.head_num = head_num
         self.head_dim = head_dim
-        self.k_buffer = self.kv_buffer[0]
-        self.v_buffer = self.kv_buffer[1]
+        self.k_buffer = tensor[0]
+        self.v_buffer = tensor[1]
 
 
 class MLAHostPool(HostKVPool):
     """Host pool of multi-head latent attention KV: one ``kv_cache_dim`` vector per token.
 
     Parameters are those of :class:`MHAHostPool`, with ``kv_cache_dim`` for the head geometry.
+    The ``page_head`` layout is MHA-only and refused.
     """
 
     is_mla = True
@@ -294,15 +362,55 @@ class MLAHostPool(HostKVPool):
         pin_memory: bool | None = None,
     ) -> None:
         parsed = Layout.parse(layout)
+        shape = mla_buffer_shape(parsed, size, page_size, layer_num, kv_cache_dim)
+        self._adopt(_allocate(shape, dtype, pin_memory), page_size, parsed)
+
+    @classmethod
+    def from_buffer(
+        cls, kv_buffer: torch.Tensor, page_size: int, layout: Layout | str
+    ) -> MLAHostPool:
+        """Make a pool over an existing tensor, in place: no copy, writes show on both sides.
+
+        The geometry comes from the tensor's shape, which must be that of ``layout``:
+        ``layer_first`` ``(L, size, 1, d)``, ``page_first`` ``(size, L, 1, d)`` or
+        ``page_first_direct`` ``(pages, L, page_size, 1, d)``, of any dtype. The pool's
+        allocator starts with every page free, whatever the tensor holds.
+
+        Parameters
+        ----------
+        kv_buffer
+            A contiguous CPU tensor, pinned or not; it becomes ``kv_buffer`` of the pool.
+        page_size
+            Tokens per page.
+        layout
+            A :class:`Layout` or its name; not ``page_head``.
+
+        Returns
+        -------
+        MLAHostPool
+            The pool; its ``kv_buffer`` is ``kv_buffer`` itself.
+
+        Raises
+        ------
+        HostPoolError
+            If ``layout`` is ``page_head``, ``kv_buffer`` is not a contiguous CPU tensor, or its
+            shape is not one of ``layout`` with pages of ``page_size`` tokens.
+        """
+        pool = cls.__new__(cls)
+        pool._adopt(kv_buffer, page_size, Layout.parse(layout))
+        return pool
+
+    def _adopt(self, kv_buffer: torch.Tensor, page_size: int, layout: Layout) -> None:
+        """Become the pool over ``kv_buffer``: what both constructors share."""
+        tensor = _adoptable(kv_buffer, "MLA", layout)
+        size, layer_num, kv_cache_dim = mla_buffer_geometry(layout, tensor.shape, page_size)
         super().__init__(
+            tensor,
             size=size,
             page_size=page_size,
             layer_num=layer_num,
-            dtype=dtype,
-            layout=parsed,
-            pin_memory=pin_memory,
-            rows=layer_num if parsed is Layout.LAYER_FIRST else 1,
-            buffer_shape=mla_buffer_shape(parsed, size, page_size, layer_num, kv_cache_dim),
-            page_shape=mla_page_shape(parsed, page_size, layer_num, kv_cache_dim),
+            layout=layout,
+            rows=layer_num if layout is Layout.LAYER_FIRST else 1,
+            page_shape=mla_page_shape(layout, page_size, layer_num, kv_cache_dim),
         )
         self.kv_cache_dim = kv_cache_dim

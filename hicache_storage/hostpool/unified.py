@@ -22,6 +22,7 @@ host layout            spans per MHA object (all pool heads)  with a subset of t
 ``page_first_direct``  2 (K, V)                              ``2 * layers * page``
 ``layer_first``        ``2 * layers``                        ``2 * layers * page``
 ``page_first``         ``2 * layers * page``                 ``2 * layers * page``
+``page_head``          ``2 * layers * page * heads``         ``2 * layers * page * heads``
 =====================  ====================================  ==============================
 
 A backend that stores one contiguous value per key copies once (gathers the spans into a
@@ -201,6 +202,8 @@ class UnifiedObjectPool:
             view = b[:, a:z, s : s + ps, h0:h1]
         elif layout is Layout.PAGE_FIRST:
             view = b[:, s : s + ps, a:z, h0:h1].transpose(0, 2, 1, 3, 4)
+        elif layout is Layout.PAGE_HEAD:
+            view = b[:, page, h0:h1, :, a:z].transpose(0, 3, 2, 1, 4)
         else:
             view = b[:, page, a:z, :, h0:h1]
         return view.transpose(1, 0, 2, 3, 4) if self._layer_major else view
