@@ -1,0 +1,639 @@
+"""Run any hicache-storage backend as an SGLang HiCache storage backend.
+
+SGLang loads a storage backend it does not ship through its ``dynamic`` backend::
+
+    --hicache-storage-backend dynamic --hicache-storage-backend-extra-config '{
+        "backend_name": "hicache", "module_path": "hicache_storage.integrations.sglang",
+        "class_name": "SGLangStorage", "interface_v1": 1,
+        "backend": "redis", "options": {"url": "redis://127.0.0.1:6379/0"}}'
+
+:class:`SGLangStorage` is SGLang's ``HiCacheStorage``: SGLang constructs it as
+``SGLangStorage(storage_config, {})``; it reads our configuration (``backend``, ``options``,
+``layers``, ``deployment``, or ``config`` with a whole config source) from the extra config,
+takes this rank's position from SGLang's ``HiCacheStorageConfig``, and builds the backend with
+:func:`hicache_storage.open_backend`'s default layers, so storage failures are counted misses.
+SGLang passes bare page hashes; the adapter turns them into keys with the deployment's key
+scheme (SGLang ``HiCacheFile``'s names by default) and moves pages zero-copy between SGLang's
+host pool, adopted in place as a :class:`~hicache_storage.hostpool.HostKVPool`, and the backend.
+
+This module is the only one that imports SGLang (``docs/sglang.md``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+import torch
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+    PoolTransferResult,
+)
+
+from hicache_storage.backend import StorageBackend
+from hicache_storage.buffers import as_readable, as_writable
+from hicache_storage.config import Deployment, HiCacheConfig, load_config, read_source
+from hicache_storage.errors import ConfigError, HostPoolError, InvalidValueError
+from hicache_storage.factory import open_backend
+from hicache_storage.hostpool import HostKVPool, MHAHostPool, MLAHostPool, UnifiedObjectPool
+from hicache_storage.keys import RankSuffixScheme, UnifiedPlan
+
+__all__ = ["SGLANG_KEYS", "SGLangStorage", "adopt_host_pool", "deployment_from"]
+
+logger = logging.getLogger(__name__)
+
+SGLANG_KEYS = frozenset(
+    {
+        "backend_name",
+        "module_path",
+        "class_name",
+        "interface_v1",
+        "tp_lcm_size",
+        "prefetch_threshold",
+        "prefetch_timeout_base",
+        "prefetch_timeout_per_ki_token",
+        "hicache_storage_pass_prefix_keys",
+    }
+)
+"""Extra-config keys that belong to SGLang (its factory and controllers); the adapter ignores them.
+
+SGLang's server takes the prefetch keys and ``tp_lcm_size`` out before the adapter sees the
+config; a controller built directly passes them through."""
+
+_CONFIG_KEYS = frozenset({"config", *HiCacheConfig.__struct_fields__})
+_RANK_FIELDS = ("model_name", "tp_rank", "tp_size", "pp_rank", "pp_size", "cp_rank", "cp_size")
+_MAPPED_LAYOUTS = {
+    "MHATokenToKVPoolHost": ("layer_first", "page_first", "page_first_direct", "page_head"),
+    "MLATokenToKVPoolHost": ("layer_first", "page_first", "page_first_direct"),
+}
+
+
+def _read_extra_config(extra: Mapping[str, Any] | None) -> HiCacheConfig:
+    """Build our config from SGLang's extra config: ``config`` first, then the inline keys."""
+    extra = dict(extra or {})
+    unknown = sorted(set(extra) - SGLANG_KEYS - _CONFIG_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) {unknown} in the hicache-storage extra config; it takes "
+            f"{sorted(_CONFIG_KEYS)} besides SGLang's {sorted(SGLANG_KEYS)}"
+        )
+    data = read_source(extra.pop("config", None))
+    for key in HiCacheConfig.__struct_fields__:
+        if key in extra:
+            data[key] = extra[key]
+    return load_config(data)
+
+
+def deployment_from(storage_config: HiCacheStorageConfig, configured: Deployment) -> Deployment:
+    """Return ``configured`` with this rank's position taken from SGLang's storage config.
+
+    The model name, attention-TP, PP and attention-CP ranks and sizes and whether KV is
+    replicated (MLA) come from SGLang; ``key_scheme``, ``unified`` and ``page_size`` from our
+    config. ``tp_lcm_size`` fills the unified scheme's head grid when the config leaves it open.
+
+    Raises
+    ------
+    ConfigError
+        For decode context parallelism or split heads, which have no key definition yet, or
+        when the config states a rank field that contradicts SGLang's.
+    """
+    if storage_config.dcp_size > 1:
+        raise ConfigError(
+            f"decode context parallelism (dcp_size={storage_config.dcp_size}) has no "
+            "hicache-storage key definition yet; run without --dcp-size or use SGLang's own backend"
+        )
+    if storage_config.should_split_heads:
+        raise ConfigError(
+            "split heads (tp_lcm_size > tp_size with the page_head layout) have no "
+            "hicache-storage key definition yet; use the unified key scheme's head grid instead "
+            "of tp_lcm_size"
+        )
+    facts: dict[str, Any] = {
+        "model_name": storage_config.model_name or "",
+        "tp_rank": storage_config.tp_rank,
+        "tp_size": storage_config.tp_size,
+        "pp_rank": storage_config.pp_rank,
+        "pp_size": storage_config.pp_size,
+        "cp_rank": storage_config.attn_cp_rank,
+        "cp_size": storage_config.attn_cp_size,
+        "is_mla": bool(storage_config.is_mla_model),
+    }
+    default = Deployment()
+    for name in (*_RANK_FIELDS, "is_mla"):
+        stated = getattr(configured, name)
+        if stated != getattr(default, name) and stated != facts[name]:
+            raise ConfigError(
+                f"deployment.{name}={stated!r} contradicts SGLang's {facts[name]!r}; leave the "
+                "rank position out of the config, the adapter takes it from SGLang"
+            )
+    unified = configured.unified
+    if (
+        unified is not None
+        and storage_config.tp_lcm_size is not None
+        and unified.head_group is None
+        and unified.tp_lcm_size is None
+    ):
+        unified = msgspec.structs.replace(unified, tp_lcm_size=storage_config.tp_lcm_size)
+    try:
+        return msgspec.structs.replace(configured, unified=unified, **facts)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"invalid deployment from SGLang's storage config: {exc}") from exc
+
+
+def adopt_host_pool(pool: Any) -> HostKVPool:
+    """Wrap SGLang's host pool in place (no copy) as our host pool.
+
+    Maps ``MHATokenToKVPoolHost`` (``layer_first``, ``page_first``, ``page_first_direct``,
+    ``page_head``) and ``MLATokenToKVPoolHost`` (``layer_first``, ``page_first``,
+    ``page_first_direct``): the adopted pool's ``kv_buffer`` is SGLang's tensor, and its page
+    objects are byte-identical to SGLang's ``get_data_page(i, flat=True)``.
+
+    Raises
+    ------
+    HostPoolError
+        Naming the pool class and layout, for anything else: other pool classes (asymmetric
+        K/V widths, K-only and sparse pools), the ``page_unified`` layout, decode context
+        parallel pools, and buffers that are not one CPU tensor.
+    """
+    kind = type(pool).__name__
+    layout = str(getattr(pool, "layout", "?"))
+    layouts = _MAPPED_LAYOUTS.get(kind)
+    if layouts is None:
+        mapped = ", ".join(f"{name} ({', '.join(ls)})" for name, ls in _MAPPED_LAYOUTS.items())
+        raise HostPoolError(
+            f"cannot map SGLang host pool {kind} (layout {layout!r}) onto a hicache-storage "
+            f"host pool; mapped pools: {mapped}"
+        )
+    if layout not in layouts:
+        raise HostPoolError(
+            f"cannot map SGLang {kind} with layout {layout!r}; mapped layouts: {', '.join(layouts)}"
+        )
+    if getattr(pool, "dcp_size", 1) > 1:
+        raise HostPoolError(f"cannot map SGLang {kind} with decode context parallelism")
+    kv_buffer = getattr(pool, "kv_buffer", None)
+    if not isinstance(kv_buffer, torch.Tensor):
+        raise HostPoolError(
+            f"cannot map SGLang {kind} (layout {layout!r}): its kv_buffer is a "
+            f"{type(kv_buffer).__name__}, not one tensor"
+        )
+    cls = MLAHostPool if kind == "MLATokenToKVPoolHost" else MHAHostPool
+    adopted = cls.from_buffer(kv_buffer, int(pool.page_size), layout)
+    if adopted.size != int(pool.size):
+        raise HostPoolError(
+            f"SGLang {kind} has {pool.size} token slots but its kv_buffer holds {adopted.size}"
+        )
+    return adopted
+
+
+class _FlatPagePool:
+    """A sidecar pool we cannot adopt, moved through SGLang's own flat-page calls (one copy)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.page_size = int(pool.page_size)
+
+    def read(
+        self, backend: StorageBackend, keys: Sequence[str], starts: Sequence[int]
+    ) -> list[bool]:
+        hits = []
+        for key, start in zip(keys, starts, strict=True):
+            page = self.pool.get_dummy_flat_data_page()
+            hit = backend.get(key, _bytes_of(page)) is not None
+            if hit:
+                self.pool.set_from_flat_data_page(start, page)
+            hits.append(hit)
+        return hits
+
+    def write(
+        self, backend: StorageBackend, keys: Sequence[str], starts: Sequence[int]
+    ) -> list[bool]:
+        values = [_bytes_of(self.pool.get_data_page(start, flat=True)) for start in starts]
+        return backend.batch_set(keys, values)
+
+
+class _AdoptedPool:
+    """A sidecar pool adopted in place, moved through the backend's generic batch calls."""
+
+    def __init__(self, pool: HostKVPool) -> None:
+        self.pool = pool
+        self.page_size = pool.page_size
+
+    def read(
+        self, backend: StorageBackend, keys: Sequence[str], starts: Sequence[int]
+    ) -> list[bool]:
+        outs = [bytearray(self.pool.page_nbytes) for _ in starts]
+        hits = backend.batch_get(keys, outs)
+        for hit, start, out in zip(hits, starts, outs, strict=True):
+            if hit:
+                self.pool.write_page(start, out)
+        return hits
+
+    def write(
+        self, backend: StorageBackend, keys: Sequence[str], starts: Sequence[int]
+    ) -> list[bool]:
+        values = []
+        for start in starts:
+            out = bytearray(self.pool.page_nbytes)
+            self.pool.read_page(start, out)
+            values.append(out)
+        return backend.batch_set(keys, values)
+
+
+def _bytes_of(tensor: Any) -> memoryview:
+    """Return a writable byte view of a contiguous CPU tensor (no copy)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise InvalidValueError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    return as_writable(tensor)
+
+
+class _Calls:
+    """Pages and bandwidth per storage call, drained into SGLang's ``StorageMetrics``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lists: dict[str, list[float]] = {
+            "prefetch_pgs": [],
+            "backup_pgs": [],
+            "prefetch_bandwidth": [],
+            "backup_bandwidth": [],
+        }
+
+    def record(self, kind: str, pages: int, nbytes: int, seconds: float) -> None:
+        with self._lock:
+            self._lists[f"{kind}_pgs"].append(pages)
+            self._lists[f"{kind}_bandwidth"].append(nbytes / max(seconds, 1e-9) / 1e9)
+
+    def drain(self) -> dict[str, list[float]]:
+        with self._lock:
+            out = {name: list(values) for name, values in self._lists.items()}
+            for values in self._lists.values():
+                values.clear()
+        return out
+
+
+class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no type information
+    """SGLang's ``HiCacheStorage`` over any registered hicache-storage backend.
+
+    Parameters
+    ----------
+    storage_config
+        SGLang's ``HiCacheStorageConfig``; its ``extra_config`` carries our configuration.
+    kwargs
+        What SGLang's dynamic factory passes (an empty dict); unused.
+
+    Raises
+    ------
+    ConfigError
+        If the extra config is malformed, names unknown keys or an unknown backend, or the
+        deployment has no key definition (decode context parallelism, split heads).
+    BackendError
+        If the backend cannot be reached when it is built.
+    """
+
+    def __init__(
+        self, storage_config: HiCacheStorageConfig, kwargs: Mapping[str, Any] | None = None
+    ) -> None:
+        config = _read_extra_config(storage_config.extra_config)
+        deployment = deployment_from(storage_config, config.deployment)
+        self.storage_config = storage_config
+        self.config = msgspec.structs.replace(config, deployment=deployment)
+        self.backend: StorageBackend = open_backend(self.config)
+        self._scheme = deployment.scheme()
+        self._rank_suffix = deployment.rank_suffix()
+        self._tp_scheme = msgspec.structs.replace(deployment, is_mla=False).rank_suffix()
+        self._pools: dict[str, _AdoptedPool | _FlatPagePool] = {}
+        self._kv_pool: HostKVPool | UnifiedObjectPool | None = None
+        self._page_nbytes = 0
+        self._calls = _Calls() if storage_config.enable_storage_metrics else None
+        self._closed = False
+
+    # -- keys -------------------------------------------------------------------------------------
+
+    @property
+    def _unified(self) -> UnifiedPlan | None:
+        return self._scheme if isinstance(self._scheme, UnifiedPlan) else None
+
+    def _kv_keys(self, page_hashes: Sequence[str]) -> list[str]:
+        return self._scheme.keys(page_hashes)
+
+    def _sidecar_keys(self, name: str, page_hashes: Sequence[str]) -> list[str]:
+        """``HiCacheFile``'s sidecar names: ``<hash>.<pool><suffix>``; Mamba state is TP-sharded."""
+        scheme: RankSuffixScheme = (
+            self._tp_scheme if name == PoolName.MAMBA.value else self._rank_suffix
+        )
+        return [f"{h}.{name}{scheme.suffix}" for h in page_hashes]
+
+    # -- host pools -------------------------------------------------------------------------------
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        """Adopt SGLang's KV host pool in place and register it with the backend.
+
+        Raises
+        ------
+        HostPoolError
+            If the pool's class or layout cannot be mapped (the message names it), or it does
+            not match the unified scheme's plan.
+        """
+        super().register_mem_pool_host(mem_pool_host)
+        pool = adopt_host_pool(mem_pool_host)
+        plan = self._unified
+        target: HostKVPool | UnifiedObjectPool = (
+            pool if plan is None else UnifiedObjectPool(pool, plan)
+        )
+        self.backend.register_host_pool(target)
+        self._kv_pool = target
+        self._page_nbytes = pool.page_nbytes
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """Register a pool of a hybrid model's host-pool group (KV included).
+
+        Raises
+        ------
+        HostPoolError
+            If a sidecar pool can neither be adopted nor moved through SGLang's flat pages.
+        """
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        name = str(getattr(host_pool_name, "value", host_pool_name))
+        if name == PoolName.KV.value:
+            if host_pool is not self.mem_pool_host:
+                self.register_mem_pool_host(host_pool)
+            return
+        try:
+            self._pools[name] = _AdoptedPool(adopt_host_pool(host_pool))
+        except HostPoolError as exc:
+            needed = ("get_dummy_flat_data_page", "get_data_page", "set_from_flat_data_page")
+            if not all(callable(getattr(host_pool, m, None)) for m in needed):
+                raise HostPoolError(
+                    f"cannot store SGLang sidecar pool {name!r}: {exc}, and it has no flat-page "
+                    f"calls ({', '.join(needed)}) to move it through"
+                ) from exc
+            self._pools[name] = _FlatPagePool(host_pool)
+
+    def on_host_pools_registered(self) -> None:
+        """Check that the KV pool arrived; raising here fails SGLang's attach, as it should."""
+        if self._kv_pool is None:
+            raise HostPoolError(
+                "SGLang registered no KV host pool with the hicache-storage adapter"
+            )
+
+    # -- zero-copy page calls (interface_v1) ------------------------------------------------------
+
+    def batch_get_v1(
+        self,
+        keys: list[str],
+        host_indices: torch.Tensor,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> list[bool]:
+        """Load each page hash's page into the registered host pool; per-page hits."""
+        return self._pages_v1(keys, host_indices, self.backend.batch_get_v1, "prefetch")
+
+    def batch_set_v1(
+        self,
+        keys: list[str],
+        host_indices: torch.Tensor,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> list[bool]:
+        """Store each page of the registered host pool under its page hash; per-page success."""
+        return self._pages_v1(keys, host_indices, self.backend.batch_set_v1, "backup")
+
+    def _pages_v1(
+        self,
+        page_hashes: Sequence[str],
+        host_indices: torch.Tensor,
+        call: Callable[[Sequence[str], Any], list[bool]],
+        kind: str,
+    ) -> list[bool]:
+        pool = self._registered()
+        start = time.perf_counter()
+        keys = self._kv_keys(page_hashes)
+        if isinstance(pool, UnifiedObjectPool):
+            per_page = len(keys) // max(len(page_hashes), 1)
+            done = call(keys, pool.object_indices(host_indices))
+            results = [all(done[i : i + per_page]) for i in range(0, len(done), per_page)]
+        else:
+            results = call(keys, host_indices)
+        self._record(kind, results, self._page_nbytes, start)
+        return [bool(r) for r in results]
+
+    def _registered(self) -> HostKVPool | UnifiedObjectPool:
+        if self._kv_pool is None:
+            raise HostPoolError(
+                "no SGLang host pool is registered; SGLang calls register_mem_pool_host first"
+            )
+        return self._kv_pool
+
+    def _record(self, kind: str, results: Sequence[bool], page_nbytes: int, start: float) -> None:
+        if self._calls is not None:
+            pages = sum(1 for r in results if r)
+            self._calls.record(kind, pages, pages * page_nbytes, time.perf_counter() - start)
+
+    # -- existence --------------------------------------------------------------------------------
+
+    def exists(self, key: str) -> bool:
+        """Whether page ``key`` is stored (every object of it, under the unified scheme)."""
+        return self.batch_exists([key]) == 1
+
+    def batch_exists(
+        self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> int:
+        """Return how many leading page hashes are stored."""
+        if not keys:
+            return 0
+        per_page = self._scheme.keys_per_page
+        return self.backend.batch_exists(self._kv_keys(keys)) // per_page
+
+    # -- generic (non-v1) calls -------------------------------------------------------------------
+
+    def get(
+        self,
+        key: str,
+        target_location: Any | None = None,
+        target_sizes: Any | None = None,
+    ) -> torch.Tensor | None:
+        """Read page ``key`` into ``target_location`` (a CPU tensor of its size), or a new one."""
+        return self.batch_get([key], [target_location] if target_location is not None else None)[0]
+
+    def batch_get(
+        self,
+        keys: list[str],
+        target_locations: Any | None = None,
+        target_sizes: Any | None = None,
+    ) -> list[torch.Tensor | None]:
+        """Read each page into its target tensor; ``None`` where it misses."""
+        stored = self._generic_keys(keys)
+        start = time.perf_counter()
+        if target_locations is None:
+            values = [self.backend.get(k) for k in stored]
+            out: list[torch.Tensor | None] = [
+                None if v is None else torch.frombuffer(bytearray(v), dtype=torch.uint8)
+                for v in values
+            ]
+        else:
+            targets = list(target_locations)
+            if len(targets) != len(keys):
+                raise InvalidValueError(f"got {len(keys)} keys but {len(targets)} target locations")
+            hits = self.backend.batch_get(stored, [_bytes_of(t) for t in targets])
+            out = [t if hit else None for t, hit in zip(targets, hits, strict=True)]
+        nbytes = max((t.numel() * t.element_size() for t in out if t is not None), default=0)
+        self._record("prefetch", [t is not None for t in out], nbytes, start)
+        return out
+
+    def set(
+        self,
+        key: str,
+        value: Any | None = None,
+        target_location: Any | None = None,
+        target_sizes: Any | None = None,
+    ) -> bool:
+        """Store the CPU tensor ``value`` under page ``key``."""
+        return self.batch_set([key], [value])
+
+    def batch_set(
+        self,
+        keys: list[str],
+        values: Any | None = None,
+        target_locations: Any | None = None,
+        target_sizes: Any | None = None,
+    ) -> bool:
+        """Store each tensor under its page; ``True`` only if every write succeeded."""
+        if values is None:
+            raise InvalidValueError(
+                "the hicache-storage adapter stores tensors passed as values; pointer-based "
+                "set calls are not supported (use interface_v1 for zero-copy pages)"
+            )
+        values = list(values)
+        if len(values) != len(keys):
+            raise InvalidValueError(f"got {len(keys)} keys but {len(values)} values")
+        start = time.perf_counter()
+        buffers = [
+            as_readable(v.contiguous() if isinstance(v, torch.Tensor) else v) for v in values
+        ]
+        done = self.backend.batch_set(self._generic_keys(keys), buffers)
+        nbytes = max((b.nbytes for b in buffers), default=0)
+        self._record("backup", done, nbytes, start)
+        return all(done)
+
+    def _generic_keys(self, page_hashes: Sequence[str]) -> list[str]:
+        if self._unified is not None:
+            raise InvalidValueError(
+                "the unified key scheme stores several objects per page; SGLang must use "
+                'the zero-copy page calls ("interface_v1": 1) with it'
+            )
+        return self._kv_keys(page_hashes)
+
+    # -- hybrid models (v2) -----------------------------------------------------------------------
+
+    def batch_exists_v2(
+        self,
+        keys: list[str],
+        pool_transfers: list[PoolTransfer] | None = None,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> PoolTransferResult:
+        """Return the usable prefix: KV pages, then each sidecar pool's hit policy."""
+        kv_pages = self.batch_exists(keys)
+        hits: dict[str, int] = {PoolName.KV: kv_pages} if kv_pages else {}
+        restorable = list(range(1, kv_pages + 1))
+        for transfer in pool_transfers or []:
+            if not restorable:
+                break
+            name = str(transfer.name.value if hasattr(transfer.name, "value") else transfer.name)
+            present = self._sidecar_present(name, keys[:kv_pages], transfer.hit_policy)
+            if transfer.hit_policy == PoolHitPolicy.ALL_PAGES:
+                boundary = next((i for i, p in enumerate(present) if not p), kv_pages)
+                allowed = set(range(1, boundary + 1))
+            elif transfer.hit_policy == PoolHitPolicy.TRAILING_PAGES:
+                tail = max(1, len(transfer.keys) if transfer.keys else 1)
+                allowed = {n for n in range(1, kv_pages + 1) if all(present[max(0, n - tail) : n])}
+                boundary = max(allowed, default=0)
+            else:
+                raise InvalidValueError(
+                    f"pool {name!r} asks for hit policy {transfer.hit_policy!r}; the "
+                    "hicache-storage adapter supports all_pages and trailing_pages"
+                )
+            if boundary:
+                hits[transfer.name] = boundary
+            restorable = [n for n in restorable if n in allowed]
+        return PoolTransferResult(restorable[-1] if restorable else 0, hits, restorable)
+
+    def _sidecar_present(self, name: str, page_hashes: Sequence[str], policy: Any) -> list[bool]:
+        keys = self._sidecar_keys(name, page_hashes)
+        if policy == PoolHitPolicy.ALL_PAGES:
+            run = self.backend.batch_exists(keys)
+            return [i < run for i in range(len(keys))]
+        return [self.backend.exists(k) for k in keys]
+
+    def batch_get_v2(
+        self,
+        transfers: list[PoolTransfer],
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> dict[str, list[bool]]:
+        """Read each transfer's pages into its pool; per pool, per-page success."""
+        return self._transfers_v2(transfers, "read")
+
+    def batch_set_v2(
+        self,
+        transfers: list[PoolTransfer],
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> dict[str, list[bool]]:
+        """Write each transfer's pages from its pool; per pool, per-page success."""
+        return self._transfers_v2(transfers, "write")
+
+    def _transfers_v2(self, transfers: Sequence[PoolTransfer], op: str) -> dict[str, list[bool]]:
+        results: dict[str, list[bool]] = {}
+        for transfer in transfers:
+            name = str(transfer.name.value if hasattr(transfer.name, "value") else transfer.name)
+            page_hashes = list(transfer.keys or [])
+            indices = transfer.host_indices
+            if name == PoolName.KV.value:
+                v1 = self.batch_get_v1 if op == "read" else self.batch_set_v1
+                results[transfer.name] = v1(page_hashes, indices) if page_hashes else []
+                continue
+            pool = self._pools.get(name)
+            if pool is None:
+                raise HostPoolError(f"SGLang pool {name!r} was not registered with the adapter")
+            if not page_hashes:
+                results[transfer.name] = []
+                continue
+            if indices is None or indices.numel() != len(page_hashes) * pool.page_size:
+                got = 0 if indices is None else indices.numel()
+                raise InvalidValueError(
+                    f"pool {name!r}: {len(page_hashes)} pages need "
+                    f"{len(page_hashes) * pool.page_size} host indices, got {got}"
+                )
+            starts = [int(i) for i in indices[:: pool.page_size].tolist()]
+            keys = self._sidecar_keys(name, page_hashes)
+            move = pool.read if op == "read" else pool.write
+            results[transfer.name] = [bool(r) for r in move(self.backend, keys, starts)]
+        return results
+
+    # -- housekeeping -----------------------------------------------------------------------------
+
+    def get_stats(self) -> Any:
+        """SGLang's ``StorageMetrics`` since the last call (drained), or ``None`` when disabled."""
+        if self._calls is None:
+            return None
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+
+        return StorageMetrics(**self._calls.drain())
+
+    def clear(self) -> None:
+        """Remove this rank's objects; never raises (SGLang's flush must not fail on storage)."""
+        try:
+            self.backend.clear()
+        except Exception:
+            logger.exception("hicache-storage: clear() of backend %r failed", self.config.backend)
+
+    def close(self) -> None:
+        """Close the backend; calling it again does nothing."""
+        if not self._closed:
+            self._closed = True
+            self.backend.close()

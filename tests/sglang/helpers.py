@@ -1,0 +1,196 @@
+"""Real SGLang (the pinned version, installed with ``--no-deps`` by scripts/setup-sglang.sh) on CPU.
+
+Importing SGLang's host pools and controllers runs ``sglang.srt.configs``, which imports
+``torchvision`` at module top level for multimodal model configs. The PyPI torchvision wheels are
+CUDA builds that fail to load next to the CPU torch (or pull a CUDA torch), so these tests put a
+**stand-in** ``torchvision`` package (``tests/sglang/stubs/torchvision``) on the path: it has only
+the names those config modules touch at import time and raises on any other use. transformers must
+not see it (it would then import ``torchvision.io``), so its cached torchvision probe is taken
+first, while the stand-in is not yet visible. Nothing under test uses torchvision.
+
+SGLang's page hash is a C++ extension it builds at first use (g++, ninja, OpenSSL headers).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STUBS = Path(__file__).parent / "stubs"
+SGLANG_VERSION = "0.5.23"
+
+
+def _import_sglang() -> None:
+    from transformers.utils import import_utils
+
+    if import_utils.is_torchvision_available():
+        raise RuntimeError("a real torchvision is installed; these tests expect none")
+    if str(STUBS) not in sys.path:
+        sys.path.append(str(STUBS))
+    with warnings.catch_warnings():
+        # SGLang warns at import that AWQ and GGUF need a GPU.
+        warnings.simplefilter("ignore")
+        import sglang.srt.managers.cache_controller
+        import sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller  # noqa: F401
+
+
+_import_sglang()
+
+from sglang.srt.managers.cache_controller import HiCacheController  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
+from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
+from sglang.srt.runtime_context import get_parallel  # noqa: E402
+
+ADAPTER = {
+    "backend_name": "hicache",
+    "module_path": "hicache_storage.integrations.sglang",
+    "class_name": "SGLangStorage",
+    "interface_v1": 1,
+}
+PAGE = 4
+DEVICE_TOKENS = 64
+BACKENDS = ("memory", "file", "redis", "s3", "mooncake", "3fs")
+MHA_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
+MLA_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+
+
+def set_rank(tp_rank: int = 0, tp_size: int = 1) -> None:
+    """Publish this process's parallel position, as SGLang's scheduler does at start-up."""
+    get_parallel().override_permanently(
+        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_dcp_size=1, attn_dcp_rank=0
+    )
+
+
+def storage_config(extra: dict[str, Any], **fields: Any) -> HiCacheStorageConfig:
+    """An SGLang storage config as its controller would build it for a single rank."""
+    base: dict[str, Any] = {
+        "tp_rank": 0,
+        "tp_size": 1,
+        "pp_rank": 0,
+        "pp_size": 1,
+        "attn_cp_rank": 0,
+        "attn_cp_size": 1,
+        "is_mla_model": False,
+        "enable_storage_metrics": False,
+        "is_page_first_layout": False,
+        "model_name": "org/model",
+    }
+    return HiCacheStorageConfig(**{**base, **fields, "extra_config": extra})
+
+
+@dataclass
+class Pools:
+    """A CPU device pool and SGLang's host pool over it."""
+
+    device: Any
+    host: Any
+    mla: bool
+
+
+class DeviceAllocator:
+    """The part of SGLang's token allocator the storage path reads."""
+
+    def __init__(self, device_pool: Any) -> None:
+        self.device_pool = device_pool
+
+    def get_kvcache(self) -> Any:
+        return self.device_pool
+
+
+def make_pools(
+    kind: str, layout: str, *, layers: int = 3, dtype: torch.dtype = torch.float16
+) -> Pools:
+    """Real SGLang pools on CPU (unpinned: pinning needs CUDA)."""
+    with host_memory_budget_scope(1 << 30):
+        if kind == "mla":
+            device = MLATokenToKVPool(
+                size=DEVICE_TOKENS,
+                page_size=PAGE,
+                dtype=dtype,
+                kv_lora_rank=16,
+                qk_rope_head_dim=8,
+                layer_num=layers,
+                device="cpu",
+                enable_memory_saver=False,
+            )
+            host = MLATokenToKVPoolHost(
+                device.get_device_pool_infos()[0].buffer_info,
+                2.0,
+                0,
+                PAGE,
+                layout,
+                pin_memory=False,
+                device="cpu",
+                device_capacity_tokens=DEVICE_TOKENS,
+                start_layer=0,
+                end_layer=layers,
+                target_layer_num=layers,
+            )
+        else:
+            device = MHATokenToKVPool(
+                size=DEVICE_TOKENS,
+                page_size=PAGE,
+                dtype=dtype,
+                head_num=2,
+                head_dim=8,
+                layer_num=layers,
+                device="cpu",
+                enable_memory_saver=False,
+            )
+            host = MHATokenToKVPoolHost(
+                device.get_device_pool_infos()[0].buffer_info,
+                2.0,
+                0,
+                PAGE,
+                layout,
+                pin_memory=False,
+                device="cpu",
+                device_capacity_tokens=DEVICE_TOKENS,
+                start_layer=0,
+                end_layer=layers,
+            )
+    return Pools(device, host, kind == "mla")
+
+
+def fill_random(host: Any, indices: torch.Tensor, seed: int) -> list[torch.Tensor]:
+    """Write random pages at ``indices`` through SGLang's own page API; return them."""
+    gen = torch.Generator().manual_seed(seed)
+    pages = []
+    for start in indices[::PAGE].tolist():
+        page = host.get_dummy_flat_data_page()
+        page.copy_(torch.randn(page.shape, generator=gen).to(page.dtype))
+        host.set_from_flat_data_page(start, page)
+        pages.append(page.clone())
+    return pages
+
+
+def read_pages(host: Any, indices: torch.Tensor) -> list[torch.Tensor]:
+    return [host.get_data_page(start, flat=True).clone() for start in indices[::PAGE].tolist()]
+
+
+def controller(
+    pools: Pools, extra: dict[str, Any], *, model_name: str = "org/model", threshold: int = PAGE
+) -> Any:
+    """SGLang's real HiCacheController with our adapter attached as a dynamic backend."""
+    return HiCacheController(
+        DeviceAllocator(pools.device),
+        pools.host,
+        PAGE,
+        None,
+        threading.Event(),
+        write_policy="write_through",
+        io_backend="direct",
+        storage_backend="dynamic",
+        model_name=model_name,
+        storage_backend_extra_config={**ADAPTER, **extra},
+        prefetch_threshold=threshold,
+    )

@@ -1,0 +1,252 @@
+"""SGLang's real cache controllers move pages through the adapter: attach, backup, prefetch."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer
+from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+from sglang.srt.mem_cache.pool_host.group import HostPoolGroup, PoolEntry
+from sglang.srt.mem_cache.utils import get_hash_str
+
+from hicache_storage.integrations.sglang import SGLangStorage
+
+from .helpers import (
+    ADAPTER,
+    MHA_LAYOUTS,
+    MLA_LAYOUTS,
+    PAGE,
+    DeviceAllocator,
+    Pools,
+    controller,
+    fill_random,
+    make_pools,
+    read_pages,
+    set_rank,
+)
+
+TIMEOUT_S = 20
+LAYOUTS = [("mha", x) for x in MHA_LAYOUTS] + [("mla", x) for x in MLA_LAYOUTS]
+
+
+@pytest.fixture(autouse=True)
+def single_rank() -> None:
+    set_rank()
+
+
+def backup(cc: Any, indices: torch.Tensor, tokens: list[int]) -> int:
+    """Back pages up as SGLang's radix tree does; return the tokens the controller acked."""
+    hashes = get_hash_str(tokens, None, page_size=PAGE)
+    cc.write_storage(indices, tokens, hash_value=hashes, prefix_keys=None)
+    return int(cc.ack_backup_queue.get(timeout=TIMEOUT_S).completed_tokens)
+
+
+def prefetch(cc: Any, host: Any, tokens: list[int], **kwargs: Any) -> tuple[int, torch.Tensor]:
+    """Query storage and load the hit into fresh host pages, as the scheduler drives it."""
+    # The hybrid controller takes a request handle, the base one a request id.
+    handle = SimpleNamespace(rid="req") if isinstance(cc, HybridCacheController) else "req"
+    cc.prefetch(handle, tokens, None, **kwargs)
+    op = cc.prefetch_hit_queue.get(timeout=TIMEOUT_S)
+    hit = int(op.storage_hit_count)
+    op.host_indices = host.alloc(hit) if hit else torch.empty(0, dtype=torch.int64)
+    cc.prefetch_buffer.put(op)
+    loaded = 0
+    while not (ack := cc.ack_prefetch_queue.get(timeout=TIMEOUT_S)).completed_req:
+        loaded += int(ack.completed_tokens or 0)  # the hybrid controller acks sidecars apart
+    return loaded, op.host_indices
+
+
+@pytest.mark.parametrize(("kind", "layout"), LAYOUTS)
+def test_controller_backs_up_and_prefetches_every_layout_byte_identical(
+    kind: str, layout: str, tmp_path: Path
+) -> None:
+    pools = make_pools(kind, layout)
+    cc = controller(pools, {"backend": "file", "options": {"root": str(tmp_path)}})
+    adapter = cc.storage_backend
+    assert isinstance(adapter, SGLangStorage)
+    assert cc.page_get_func.__name__ == "_page_get_zero_copy"
+    tokens = list(range(1000, 1000 + 5 * PAGE))
+    src = pools.host.alloc(len(tokens))
+    pages = fill_random(pools.host, src, seed=7)
+    assert backup(cc, src, tokens) == len(tokens)
+    loaded, dst = prefetch(cc, pools.host, tokens)
+    assert loaded == len(tokens)
+    assert all(torch.equal(a, b) for a, b in zip(read_pages(pools.host, dst), pages, strict=True))
+    # A request sharing only the first three pages hits exactly those.
+    loaded, _ = prefetch(cc, pools.host, [*tokens[: 3 * PAGE], *range(7, 7 + 2 * PAGE)])
+    assert loaded == 3 * PAGE
+    cc.detach_storage_backend()
+    assert adapter.backend.closed, "detach closes the backend"
+
+
+def test_every_backend_serves_the_controller(backend_config: Any) -> None:
+    for name in ("memory", "redis", "s3", "mooncake", "3fs"):
+        pools = make_pools("mha", "page_first")
+        cc = controller(pools, backend_config(name))
+        tokens = list(range(3 * PAGE))
+        src = pools.host.alloc(len(tokens))
+        pages = fill_random(pools.host, src, seed=11)
+        assert backup(cc, src, tokens) == len(tokens), name
+        loaded, dst = prefetch(cc, pools.host, tokens)
+        assert loaded == len(tokens), name
+        assert all(
+            torch.equal(a, b) for a, b in zip(read_pages(pools.host, dst), pages, strict=True)
+        )
+        cc.storage_backend.clear()
+        cc.detach_storage_backend()
+
+
+def test_mla_tp2_ranks_share_one_object_per_page_and_only_rank_0_writes(tmp_path: Path) -> None:
+    extra = {"backend": "file", "options": {"root": str(tmp_path), "fanout": False}}
+    tokens = list(range(4 * PAGE))
+    set_rank(0, 2)
+    rank0 = make_pools("mla", "page_first_direct")
+    cc0 = controller(rank0, extra)
+    src = rank0.host.alloc(len(tokens))
+    pages = fill_random(rank0.host, src, seed=5)
+    assert backup(cc0, src, tokens) == len(tokens)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    hashes = get_hash_str(tokens, None, page_size=PAGE)
+    assert [n for n in names if not n.startswith(".")] == sorted(f"{h}_org-model" for h in hashes)
+
+    set_rank(1, 2)
+    rank1 = make_pools("mla", "page_first_direct")
+    cc1 = controller(rank1, extra)
+    other = rank1.host.alloc(len(tokens))
+    fill_random(rank1.host, other, seed=6)
+    backup(cc1, other, tokens)  # not the writer: SGLang skips its backup
+    loaded, dst = prefetch(cc1, rank1.host, tokens)
+    assert loaded == len(tokens)
+    assert all(torch.equal(a, b) for a, b in zip(read_pages(rank1.host, dst), pages, strict=True))
+    assert sorted(p.name for p in tmp_path.iterdir()) == names, "rank 1 must not write"
+    cc0.detach_storage_backend()
+    cc1.detach_storage_backend()
+
+
+def test_mha_tp2_ranks_keep_their_own_objects(tmp_path: Path) -> None:
+    extra = {"backend": "file", "options": {"root": str(tmp_path)}}
+    tokens = list(range(2 * PAGE))
+    loaded_pages = []
+    for rank in (0, 1):
+        set_rank(rank, 2)
+        pools = make_pools("mha", "page_head")
+        cc = controller(pools, extra)
+        src = pools.host.alloc(len(tokens))
+        pages = fill_random(pools.host, src, seed=20 + rank)
+        backup(cc, src, tokens)
+        loaded, dst = prefetch(cc, pools.host, tokens)
+        assert loaded == len(tokens)
+        got = read_pages(pools.host, dst)
+        assert all(torch.equal(a, b) for a, b in zip(got, pages, strict=True))
+        loaded_pages.append(got)
+        cc.detach_storage_backend()
+    assert not torch.equal(loaded_pages[0][0], loaded_pages[1][0])
+
+
+def hybrid_controller(kv: Pools, sidecar: Pools, extra: dict[str, Any]) -> Any:
+    group = HostPoolGroup(
+        [
+            PoolEntry(
+                PoolName.KV, kv.host, kv.device, lambda layer: layer, is_primary_index_anchor=True
+            ),
+            PoolEntry(PoolName.INDEXER, sidecar.host, sidecar.device, lambda layer: layer),
+        ]
+    )
+    return HybridCacheController(
+        DeviceAllocator(kv.device),
+        group,
+        PAGE,
+        None,
+        threading.Event(),
+        io_backend="direct",
+        storage_backend="dynamic",
+        model_name="org/model",
+        storage_backend_extra_config={**ADAPTER, **extra},
+        prefetch_threshold=PAGE,
+    )
+
+
+@pytest.mark.parametrize(
+    "layouts", [("page_first", "layer_first"), ("page_head", "page_first_direct")]
+)
+def test_hybrid_controller_moves_kv_and_a_sidecar_pool(
+    layouts: tuple[str, str], tmp_path: Path
+) -> None:
+    kv = make_pools("mha", layouts[0])
+    side = make_pools("mha", layouts[1], layers=2)
+    cc = hybrid_controller(
+        kv, side, {"backend": "file", "options": {"root": str(tmp_path), "fanout": False}}
+    )
+    adapter = cc.storage_backend
+    assert set(adapter.registered_pools) == {PoolName.KV, PoolName.INDEXER}
+    tokens = list(range(3 * PAGE))
+    src = kv.host.alloc(len(tokens))
+    kv_pages = fill_random(kv.host, src, seed=1)
+    side_pages = fill_random(side.host, src, seed=2)
+    hashes = get_hash_str(tokens, None, page_size=PAGE)
+    sidecar = [PoolTransfer(name=PoolName.INDEXER, indices_from_pool=PoolName.KV)]
+    cc.write_storage(src, tokens, hash_value=hashes, prefix_keys=None, extra_pools=sidecar)
+    assert cc.ack_backup_queue.get(timeout=TIMEOUT_S).completed_tokens == len(tokens)
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {f"{h}.indexer_org-model_0_1" for h in hashes} <= names, "HiCacheFile's sidecar names"
+    loaded, dst = prefetch(
+        cc,
+        kv.host,
+        tokens,
+        extra_pools=[PoolTransfer(name=PoolName.INDEXER, indices_from_pool=PoolName.KV)],
+    )
+    assert loaded == len(tokens)
+    assert all(torch.equal(a, b) for a, b in zip(read_pages(kv.host, dst), kv_pages, strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(read_pages(side.host, dst), side_pages, strict=True)
+    )
+    cc.detach_storage_backend()
+
+
+def test_a_missing_sidecar_page_shortens_the_usable_prefix(tmp_path: Path) -> None:
+    kv = make_pools("mha", "page_first")
+    side = make_pools("mha", "page_first", layers=1)
+    cc = hybrid_controller(kv, side, {"backend": "memory"})
+    adapter = cc.storage_backend
+    tokens = list(range(4 * PAGE))
+    hashes = get_hash_str(tokens, None, page_size=PAGE)
+    src = kv.host.alloc(len(tokens))
+    fill_random(kv.host, src, seed=3)
+    assert adapter.batch_set_v1(hashes, src) == [True] * 4
+    sidecar_keys = adapter._sidecar_keys("indexer", hashes)
+    adapter.backend.set(sidecar_keys[0], b"\0" * adapter._pools["indexer"].pool.page_nbytes)
+    adapter.backend.set(sidecar_keys[1], b"\0" * adapter._pools["indexer"].pool.page_nbytes)
+    adapter.backend.set(sidecar_keys[3], b"\0" * adapter._pools["indexer"].pool.page_nbytes)
+    all_pages = adapter.batch_exists_v2(hashes, [PoolTransfer(name=PoolName.INDEXER)])
+    assert all_pages.kv_hit_pages == 2 and all_pages.extra_pool_hit_pages[PoolName.KV] == 4
+    trailing = adapter.batch_exists_v2(
+        hashes,
+        [
+            PoolTransfer(
+                name=PoolName.INDEXER, keys=hashes[:1], hit_policy=PoolHitPolicy.TRAILING_PAGES
+            )
+        ],
+    )
+    assert trailing.kv_hit_pages == 4 and trailing.restorable_prefix_pages == [1, 2, 4]
+    cc.detach_storage_backend()
+
+
+def test_prefetch_of_nothing_stored_is_a_clean_miss(tmp_path: Path) -> None:
+    pools = make_pools("mla", "layer_first")
+    cc = controller(pools, {"backend": "file", "options": {"root": str(tmp_path)}})
+    loaded, dst = prefetch(cc, pools.host, list(range(3 * PAGE)))
+    assert loaded == 0 and dst.numel() == 0
+    cc.detach_storage_backend()
+
+
+def test_threads_stop_on_detach() -> None:
+    before = {t.ident for t in threading.enumerate()}
+    pools = make_pools("mha", "layer_first")
+    cc = controller(pools, {"backend": "memory"})
+    cc.detach_storage_backend()
+    assert {t.ident for t in threading.enumerate() if t.is_alive()} <= before
