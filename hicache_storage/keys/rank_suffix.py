@@ -1,4 +1,4 @@
-"""The default key scheme: page hash plus a rank suffix, exactly as SGLang's ``HiCacheFile`` names pages.
+"""The default key scheme: page hash plus a rank suffix, as SGLang's ``HiCacheFile`` names pages.
 
 Under tensor parallelism each TP rank of an MHA model holds a different slice of the heads, so
 each rank stores its own object per page and the suffix carries ``{tp_rank}_{tp_size}``. An MLA
