@@ -41,13 +41,13 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from hicache_storage.backend import StorageBackend
 from hicache_storage.buffers import as_readable, as_writable
-from hicache_storage.config import Deployment, HiCacheConfig, load_config, read_source
+from hicache_storage.config import HiCacheConfig, load_config, read_source
 from hicache_storage.errors import ConfigError, HostPoolError, InvalidValueError
 from hicache_storage.factory import open_backend
 from hicache_storage.hostpool import HostKVPool, MHAHostPool, MLAHostPool, UnifiedObjectPool
-from hicache_storage.keys import RankSuffixScheme, UnifiedPlan
+from hicache_storage.keys import RankSuffixScheme, UnifiedPlan, logical_dtype
 
-__all__ = ["SGLANG_KEYS", "SGLangStorage", "adopt_host_pool", "deployment_from"]
+__all__ = ["SGLANG_KEYS", "SGLangStorage", "adopt_host_pool", "config_from"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,15 +70,14 @@ SGLang's server takes the prefetch keys and ``tp_lcm_size`` out before the adapt
 config; a controller built directly passes them through."""
 
 _CONFIG_KEYS = frozenset({"config", *HiCacheConfig.__struct_fields__})
-_RANK_FIELDS = ("model_name", "tp_rank", "tp_size", "pp_rank", "pp_size", "cp_rank", "cp_size")
 _MAPPED_LAYOUTS = {
     "MHATokenToKVPoolHost": ("layer_first", "page_first", "page_first_direct", "page_head"),
     "MLATokenToKVPoolHost": ("layer_first", "page_first", "page_first_direct"),
 }
 
 
-def _read_extra_config(extra: Mapping[str, Any] | None) -> HiCacheConfig:
-    """Build our config from SGLang's extra config: ``config`` first, then the inline keys."""
+def _extra_data(extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Our config as data from SGLang's extra config: ``config`` first, then the inline keys."""
     extra = dict(extra or {})
     unknown = sorted(set(extra) - SGLANG_KEYS - _CONFIG_KEYS)
     if unknown:
@@ -90,22 +89,11 @@ def _read_extra_config(extra: Mapping[str, Any] | None) -> HiCacheConfig:
     for key in HiCacheConfig.__struct_fields__:
         if key in extra:
             data[key] = extra[key]
-    return load_config(data)
+    return data
 
 
-def deployment_from(storage_config: HiCacheStorageConfig, configured: Deployment) -> Deployment:
-    """Return ``configured`` with this rank's position taken from SGLang's storage config.
-
-    The model name, attention-TP, PP and attention-CP ranks and sizes and whether KV is
-    replicated (MLA) come from SGLang; ``key_scheme``, ``unified`` and ``page_size`` from our
-    config. ``tp_lcm_size`` fills the unified scheme's head grid when the config leaves it open.
-
-    Raises
-    ------
-    ConfigError
-        For decode context parallelism or split heads, which have no key definition yet, or
-        when the config states a rank field that contradicts SGLang's.
-    """
+def _rank_facts(storage_config: HiCacheStorageConfig) -> dict[str, Any]:
+    """Return the rank's position as SGLang states it, in our deployment's terms."""
     if storage_config.dcp_size > 1:
         raise ConfigError(
             f"decode context parallelism (dcp_size={storage_config.dcp_size}) has no "
@@ -117,7 +105,7 @@ def deployment_from(storage_config: HiCacheStorageConfig, configured: Deployment
             "hicache-storage key definition yet; use the unified key scheme's head grid instead "
             "of tp_lcm_size"
         )
-    facts: dict[str, Any] = {
+    return {
         "model_name": storage_config.model_name or "",
         "tp_rank": storage_config.tp_rank,
         "tp_size": storage_config.tp_size,
@@ -127,26 +115,47 @@ def deployment_from(storage_config: HiCacheStorageConfig, configured: Deployment
         "cp_size": storage_config.attn_cp_size,
         "is_mla": bool(storage_config.is_mla_model),
     }
-    default = Deployment()
-    for name in (*_RANK_FIELDS, "is_mla"):
-        stated = getattr(configured, name)
-        if stated != getattr(default, name) and stated != facts[name]:
+
+
+def config_from(storage_config: HiCacheStorageConfig) -> HiCacheConfig:
+    """Build our config from SGLang's storage config and the extra config it carries.
+
+    The model name, attention-TP, PP and attention-CP ranks and sizes and whether KV is
+    replicated (MLA) come from SGLang; ``key_scheme`` and ``unified`` from the extra config.
+    SGLang's ``tp_lcm_size`` fills the unified scheme's head grid when the config leaves it
+    open. ``HICACHE_*`` environment variables override the result, as in
+    :func:`~hicache_storage.config.load_config`.
+
+    Raises
+    ------
+    ConfigError
+        If the extra config is malformed or names unknown keys, for decode context parallelism
+        or split heads (no key definition yet), or when the config states a rank field that
+        contradicts SGLang's.
+    """
+    data = _extra_data(storage_config.extra_config)
+    deployment = data.get("deployment") or {}
+    if not isinstance(deployment, Mapping):
+        raise ConfigError(f"deployment must be an object, got {type(deployment).__name__}")
+    deployment = dict(deployment)
+    for name, value in _rank_facts(storage_config).items():
+        if name in deployment and deployment[name] != value:
             raise ConfigError(
-                f"deployment.{name}={stated!r} contradicts SGLang's {facts[name]!r}; leave the "
-                "rank position out of the config, the adapter takes it from SGLang"
+                f"deployment.{name}={deployment[name]!r} contradicts SGLang's {value!r}; leave "
+                "the rank position out of the config, the adapter takes it from SGLang"
             )
-    unified = configured.unified
+        deployment[name] = value
+    unified = deployment.get("unified")
+    lcm = storage_config.tp_lcm_size
     if (
-        unified is not None
-        and storage_config.tp_lcm_size is not None
-        and unified.head_group is None
-        and unified.tp_lcm_size is None
+        isinstance(unified, Mapping)
+        and lcm is not None
+        and unified.get("head_group") is None
+        and unified.get("tp_lcm_size") is None
     ):
-        unified = msgspec.structs.replace(unified, tp_lcm_size=storage_config.tp_lcm_size)
-    try:
-        return msgspec.structs.replace(configured, unified=unified, **facts)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"invalid deployment from SGLang's storage config: {exc}") from exc
+        deployment["unified"] = {**unified, "tp_lcm_size": lcm}
+    data["deployment"] = deployment
+    return load_config(data)
 
 
 def adopt_host_pool(pool: Any) -> HostKVPool:
@@ -302,10 +311,9 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
     def __init__(
         self, storage_config: HiCacheStorageConfig, kwargs: Mapping[str, Any] | None = None
     ) -> None:
-        config = _read_extra_config(storage_config.extra_config)
-        deployment = deployment_from(storage_config, config.deployment)
         self.storage_config = storage_config
-        self.config = msgspec.structs.replace(config, deployment=deployment)
+        self.config = config_from(storage_config)
+        deployment = self.config.deployment
         self.backend: StorageBackend = open_backend(self.config)
         self._scheme = deployment.scheme()
         self._rank_suffix = deployment.rank_suffix()
@@ -345,13 +353,36 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
         """
         super().register_mem_pool_host(mem_pool_host)
         pool = adopt_host_pool(mem_pool_host)
-        plan = self._unified
-        target: HostKVPool | UnifiedObjectPool = (
-            pool if plan is None else UnifiedObjectPool(pool, plan)
-        )
+        target: HostKVPool | UnifiedObjectPool = pool
+        if self._unified is not None:
+            target = UnifiedObjectPool(pool, self._unified_plan_for(pool))
         self.backend.register_host_pool(target)
         self._kv_pool = target
         self._page_nbytes = pool.page_nbytes
+
+    def _unified_plan_for(self, pool: HostKVPool) -> UnifiedPlan:
+        """Return the unified plan at the pool's page size, rebuilding the backend if it changed.
+
+        The page size is part of the unified namespace and SGLang states it only through its
+        host pool; the logical dtype comes from the config (a pool of raw bytes cannot say
+        whether it holds e4m3 or e5m2), and must agree with a pool of a real dtype.
+        """
+        deployment = self.config.deployment
+        settings = deployment.unified
+        if settings is not None and pool.dtype != torch.uint8:
+            stated, actual = logical_dtype(settings.dtype), logical_dtype(pool.dtype)
+            if stated != actual:
+                raise HostPoolError(
+                    f"deployment.unified.dtype is {stated} but SGLang's host pool holds {actual}"
+                )
+        if deployment.page_size != pool.page_size:
+            deployment = msgspec.structs.replace(deployment, page_size=pool.page_size)
+            self.config = msgspec.structs.replace(self.config, deployment=deployment)
+            self.backend.close()
+            self.backend = open_backend(self.config)
+        plan = deployment.unified_plan()
+        self._scheme = plan
+        return plan
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         """Register a pool of a hybrid model's host-pool group (KV included).

@@ -194,3 +194,15 @@ def controller(
         storage_backend_extra_config={**ADAPTER, **extra},
         prefetch_threshold=threshold,
     )
+
+
+def canonical_mha_page(host: Any, start: int) -> torch.Tensor:
+    """The MHA page at ``start`` as ``(2, layers, page, heads, dim)``, whatever the layout."""
+    kv, page = host.kv_buffer, start // PAGE
+    views = {
+        "layer_first": lambda: kv[:, :, start : start + PAGE],
+        "page_first": lambda: kv[:, start : start + PAGE].permute(0, 2, 1, 3, 4),
+        "page_first_direct": lambda: kv[:, page],
+        "page_head": lambda: kv[:, page].permute(0, 3, 2, 1, 4),
+    }
+    return views[host.layout]().clone()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -14,6 +15,7 @@ from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCach
 from sglang.srt.mem_cache.pool_host.group import HostPoolGroup, PoolEntry
 from sglang.srt.mem_cache.utils import get_hash_str
 
+from hicache_storage.backends.redis import provision as redis_provision
 from hicache_storage.integrations.sglang import SGLangStorage
 
 from .helpers import (
@@ -23,6 +25,7 @@ from .helpers import (
     PAGE,
     DeviceAllocator,
     Pools,
+    canonical_mha_page,
     controller,
     fill_random,
     make_pools,
@@ -250,3 +253,73 @@ def test_threads_stop_on_detach() -> None:
     cc = controller(pools, {"backend": "memory"})
     cc.detach_storage_backend()
     assert {t.ident for t in threading.enumerate() if t.is_alive()} <= before
+
+
+UNIFIED = {
+    "key_scheme": "unified",
+    "unified": {"dtype": "float16", "num_layers": 3, "local_kv_heads": 2, "head_group": 1},
+}
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_head"])
+def test_unified_keys_through_the_controller_read_across_layouts(
+    layout: str, tmp_path: Path
+) -> None:
+    # One object per page and head (head_group 1), named by what it holds: a reader whose host
+    # pool has another layout loads what this one wrote. The page size comes from SGLang's pool.
+    extra = {"backend": "file", "options": {"root": str(tmp_path)}, "deployment": UNIFIED}
+    writer = make_pools("mha", layout)
+    cc = controller(writer, extra)
+    tokens = list(range(3 * PAGE))
+    src = writer.host.alloc(len(tokens))
+    fill_random(writer.host, src, seed=9)
+    pages = [canonical_mha_page(writer.host, s) for s in src[::PAGE].tolist()]
+    assert backup(cc, src, tokens) == len(tokens)
+    keys = {p.name for p in tmp_path.rglob("*") if p.is_file()}
+    assert len(keys) == 3 * 2 and all("_ukv1-" in k and "_H" in k for k in keys)
+    cc.detach_storage_backend()
+    reader = make_pools("mha", "page_first")
+    cc = controller(reader, extra)
+    loaded, dst = prefetch(cc, reader.host, tokens)
+    assert loaded == len(tokens)
+    got = [canonical_mha_page(reader.host, s) for s in dst[::PAGE].tolist()]
+    assert all(torch.equal(a, b) for a, b in zip(got, pages, strict=True))
+    cc.detach_storage_backend()
+
+
+def test_unified_dtype_must_agree_with_the_pool(tmp_path: Path) -> None:
+    wrong = {**UNIFIED, "unified": {**UNIFIED["unified"], "dtype": "bfloat16"}}
+    pools = make_pools("mha", "page_first")
+    with pytest.raises(
+        Exception, match=r"unified\.dtype is bfloat16 but SGLang's host pool holds float16"
+    ):
+        controller(pools, {"backend": "memory", "deployment": wrong})
+
+
+@pytest.mark.parametrize("fault", ["stop", "pause"])
+def test_a_server_lost_mid_run_turns_into_misses_within_the_deadline(
+    fault: str, tmp_path: Path
+) -> None:
+    # DESIGN §3 through SGLang: storage never fails a request and never hangs it.
+    service = redis_provision.standalone(tmp_path / "redis")
+    with service:
+        options = {**service.options, "deadline_s": 2.0}
+        pools = make_pools("mha", "page_first")
+        cc = controller(pools, {"backend": "redis", "options": options})
+        tokens = list(range(2 * PAGE))
+        src = pools.host.alloc(len(tokens))
+        fill_random(pools.host, src, seed=4)
+        assert backup(cc, src, tokens) == len(tokens)
+        getattr(service, fault)()
+        try:
+            start = time.monotonic()
+            loaded, _ = prefetch(cc, pools.host, tokens)
+            assert loaded == 0
+            assert backup(cc, src, list(range(50, 50 + 2 * PAGE))) == 0
+            assert time.monotonic() - start < 10
+            stats = cc.storage_backend.backend.stats()
+            assert stats["degraded"]["total"] >= 2
+        finally:
+            if fault == "pause":
+                service.resume()
+        cc.detach_storage_backend()
