@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=21)
     args = parser.parse_args()
     import_sglang()
-    shapes = {"64 KiB": (1, 16, 8), "2 MiB": (8, 64, 8)}
+    shapes = {"1 KiB": (1, 1, 2), "64 KiB": (1, 16, 8), "2 MiB": (8, 64, 8)}
     print(f"{'backend':8} {'page':7} {'op':4} {'direct ms':>10} {'adapter ms':>11} {'overhead':>9}")
     for name in args.backend or ["memory", "file"]:
         for label, (heads, page, layers) in shapes.items():
