@@ -110,54 +110,32 @@ def make_pools(
     kind: str, layout: str, *, layers: int = 3, dtype: torch.dtype = torch.float16
 ) -> Pools:
     """Real SGLang pools on CPU (unpinned: pinning needs CUDA)."""
+    common = {
+        "size": DEVICE_TOKENS,
+        "page_size": PAGE,
+        "dtype": dtype,
+        "layer_num": layers,
+        "device": "cpu",
+        "enable_memory_saver": False,
+    }
+    host_args = {
+        "pin_memory": False,
+        "device": "cpu",
+        "device_capacity_tokens": DEVICE_TOKENS,
+        "start_layer": 0,
+        "end_layer": layers,
+    }
     with host_memory_budget_scope(1 << 30):
         if kind == "mla":
-            device = MLATokenToKVPool(
-                size=DEVICE_TOKENS,
-                page_size=PAGE,
-                dtype=dtype,
-                kv_lora_rank=16,
-                qk_rope_head_dim=8,
-                layer_num=layers,
-                device="cpu",
-                enable_memory_saver=False,
-            )
-            host = MLATokenToKVPoolHost(
-                device.get_device_pool_infos()[0].buffer_info,
-                2.0,
-                0,
-                PAGE,
-                layout,
-                pin_memory=False,
-                device="cpu",
-                device_capacity_tokens=DEVICE_TOKENS,
-                start_layer=0,
-                end_layer=layers,
-                target_layer_num=layers,
+            device: Any = MLATokenToKVPool(**common, kv_lora_rank=16, qk_rope_head_dim=8)
+            info = device.get_device_pool_infos()[0].buffer_info
+            host: Any = MLATokenToKVPoolHost(
+                info, 2.0, 0, PAGE, layout, **host_args, target_layer_num=layers
             )
         else:
-            device = MHATokenToKVPool(
-                size=DEVICE_TOKENS,
-                page_size=PAGE,
-                dtype=dtype,
-                head_num=2,
-                head_dim=8,
-                layer_num=layers,
-                device="cpu",
-                enable_memory_saver=False,
-            )
-            host = MHATokenToKVPoolHost(
-                device.get_device_pool_infos()[0].buffer_info,
-                2.0,
-                0,
-                PAGE,
-                layout,
-                pin_memory=False,
-                device="cpu",
-                device_capacity_tokens=DEVICE_TOKENS,
-                start_layer=0,
-                end_layer=layers,
-            )
+            device = MHATokenToKVPool(**common, head_num=2, head_dim=8)
+            info = device.get_device_pool_infos()[0].buffer_info
+            host = MHATokenToKVPoolHost(info, 2.0, 0, PAGE, layout, **host_args)
     return Pools(device, host, kind == "mla")
 
 
@@ -178,9 +156,13 @@ def read_pages(host: Any, indices: torch.Tensor) -> list[torch.Tensor]:
 
 
 def controller(
-    pools: Pools, extra: dict[str, Any], *, model_name: str = "org/model", threshold: int = PAGE
+    pools: Pools, extra: dict[str, Any], *, model_name: str = "org/model", backend: str = "dynamic"
 ) -> Any:
-    """SGLang's real HiCacheController with our adapter attached as a dynamic backend."""
+    """SGLang's real HiCacheController with our adapter attached as a dynamic backend.
+
+    ``backend="file"`` attaches SGLang's own ``HiCacheFile`` instead, with ``extra`` as its
+    extra config.
+    """
     return HiCacheController(
         DeviceAllocator(pools.device),
         pools.host,
@@ -189,10 +171,10 @@ def controller(
         threading.Event(),
         write_policy="write_through",
         io_backend="direct",
-        storage_backend="dynamic",
+        storage_backend=backend,
         model_name=model_name,
-        storage_backend_extra_config={**ADAPTER, **extra},
-        prefetch_threshold=threshold,
+        storage_backend_extra_config={**ADAPTER, **extra} if backend == "dynamic" else extra,
+        prefetch_threshold=PAGE,
     )
 
 

@@ -6,14 +6,12 @@ each row here compares against SGLang's own code, never against a restatement of
 
 from __future__ import annotations
 
-import threading
 from array import array
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from sglang.srt.managers.cache_controller import HiCacheController
 from sglang.srt.mem_cache.hicache_storage import HiCacheFile
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.utils import get_hash_str, get_storage_hash_str, storage_namespace_seed
@@ -23,7 +21,6 @@ from hicache_storage.keys import chain_hashes, namespace_seed, page_hashes
 
 from .helpers import (
     PAGE,
-    DeviceAllocator,
     controller,
     fill_random,
     make_pools,
@@ -116,19 +113,7 @@ def test_rank_suffix_keys_equal_hicache_file_names(fields: dict[str, Any], tmp_p
 
 def sglang_file_controller(pools: Any, root: Path) -> Any:
     """SGLang's controller on its own ``file`` backend (``HiCacheFile``)."""
-    return HiCacheController(
-        DeviceAllocator(pools.device),
-        pools.host,
-        PAGE,
-        None,
-        threading.Event(),
-        write_policy="write_through",
-        io_backend="direct",
-        storage_backend="file",
-        model_name="org/model",
-        storage_backend_extra_config={"file_storage_path": str(root)},
-        prefetch_threshold=PAGE,
-    )
+    return controller(pools, {"file_storage_path": str(root)}, backend="file")
 
 
 def compat_controller(pools: Any, root: Path) -> Any:
