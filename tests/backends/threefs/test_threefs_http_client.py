@@ -279,7 +279,9 @@ def test_a_body_over_the_limit_is_split_by_size(fake: FakeService, meta: HttpMet
 
 
 def test_the_real_service_takes_a_batch_of_many_calls(tmp_path: Path) -> None:
-    service = metadata_service(tmp_path, lease_s=0.5, timeout_s=5.0)
+    # A lease long enough for a slow, loaded machine to commit thousands of reservations: this
+    # checks batch splitting, and a lapsed lease would refuse the commit (the fencing tests' job).
+    service = metadata_service(tmp_path, lease_s=30.0, timeout_s=5.0)
     with service:
         meta = HttpMetadata(service.options["metadata_url"], timeout_s=10.0)
         try:
