@@ -1,0 +1,167 @@
+"""Greedy generations through the tier cache equal recompute, token for token, across tiers."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from hicache_storage import FaultConfig, FaultRule, LayerConfig, StorageBackend, create_backend
+from hicache_storage.engine.cache import CacheConfig, TierCache, WritePolicy
+from hicache_storage.engine.engine import Engine
+from hicache_storage.engine.model import LlamaModel, ModelConfig
+from hicache_storage.errors import HostPoolError
+from hicache_storage.hostpool import MHAHostPool
+from hicache_storage.kernels import DevicePool
+from hicache_storage.keys import namespace_seed
+
+PAGE = 4
+CONFIG = ModelConfig.tiny()
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[LlamaModel]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield LlamaModel(CONFIG)
+    torch.set_num_threads(threads)
+
+
+def build(
+    device_tokens: int,
+    host_tokens: int,
+    backend: StorageBackend | None,
+    policy: WritePolicy = WritePolicy.WRITE_THROUGH,
+    layout: str = "layer_first",
+) -> TierCache:
+    c = CONFIG
+    device = DevicePool.mha(device_tokens, c.layers, c.kv_heads, c.head_dim, c.dtype)
+    host = (
+        MHAHostPool(host_tokens, PAGE, c.layers, c.kv_heads, c.head_dim, c.dtype, layout, False)
+        if host_tokens
+        else None
+    )
+    return TierCache(device, host, backend, CacheConfig(PAGE, write_policy=policy))
+
+
+def conversations(rounds: int, clients: int, seed: int = 0) -> list[list[int]]:
+    """Multi-turn prompts: a shared system prompt, each round = history + a new turn."""
+    rng = random.Random(seed)
+    system = [rng.randrange(CONFIG.vocab_size) for _ in range(3 * PAGE + 1)]
+    histories = [list(system) for _ in range(clients)]
+    prompts = []
+    for _ in range(rounds):
+        for history in histories:
+            history.extend(rng.randrange(CONFIG.vocab_size) for _ in range(rng.randrange(3, 9)))
+            prompts.append(list(history))
+    return prompts
+
+
+def run(engine: Engine, prompts: list[list[int]], new: int = 4) -> list[list[int]]:
+    outs = []
+    for prompt in prompts:
+        out = engine.generate(prompt, new)
+        prompt.extend(out)  # the next round of this conversation includes the answer
+        outs.append(out)
+    return outs
+
+
+@pytest.fixture
+def memory_backend() -> Iterator[StorageBackend]:
+    backend = create_backend("memory")
+    yield backend
+    backend.close()
+
+
+@pytest.mark.parametrize("policy", list(WritePolicy))
+def test_every_tier_gives_the_tokens_of_recompute(
+    model: LlamaModel, memory_backend: StorageBackend, policy: WritePolicy
+) -> None:
+    prompts = conversations(rounds=4, clients=3)
+    expected = run(Engine(model, None), [list(p) for p in prompts])
+    # A device pool of a few requests' pages forces evictions to the host, a small host pool
+    # pushes pages on to storage, and later rounds bring them back.
+    cache = build(device_tokens=64, host_tokens=48, backend=memory_backend, policy=policy)
+    assert run(Engine(model, cache), [list(p) for p in prompts]) == expected
+    cache.tree.check()
+    stats = cache.stats
+    assert stats.device_hit_tokens > 0 and stats.pages_backed_up > 0
+    assert stats.host_hit_tokens + stats.storage_hit_tokens > 0
+    assert cache.tree.locked_tokens == 0
+
+
+def test_storage_alone_serves_a_fresh_engine(model: LlamaModel, tmp_path: Path) -> None:
+    backend = create_backend("file", {"root": str(tmp_path)})
+    prompts = conversations(rounds=2, clients=2, seed=3)
+    first = build(256, 256, backend)
+    expected = run(Engine(model, first), [list(p) for p in prompts])
+    second = build(256, 256, create_backend("file", {"root": str(tmp_path)}))
+    assert run(Engine(model, second), [list(p) for p in prompts]) == expected
+    assert second.stats.storage_hit_tokens > 0 and second.stats.pages_fetched > 0
+    backend.close()
+
+
+def test_a_lost_storage_page_is_recomputed(
+    model: LlamaModel, memory_backend: StorageBackend
+) -> None:
+    prompts = conversations(rounds=1, clients=1, seed=5)
+    expected = run(Engine(model, None), [list(p) for p in prompts])
+    run(Engine(model, build(256, 256, memory_backend)), [list(p) for p in prompts])
+    memory_backend.clear()  # every stored page is gone: the next engine must recompute
+    cache = build(256, 256, memory_backend)
+    assert run(Engine(model, cache), [list(p) for p in conversations(1, 1, seed=5)]) == expected
+    assert cache.stats.storage_hit_tokens == 0
+
+
+def test_namespaces_never_share_pages(model: LlamaModel) -> None:
+    cache = build(256, 0, None)
+    engine = Engine(model, cache)
+    prompt = conversations(rounds=1, clients=1)[0]
+    engine.generate(prompt, 2)
+    engine.generate(prompt, 2, seed=namespace_seed(None, "tenant-b"))
+    assert cache.stats.device_hit_tokens == 0
+    engine.generate(prompt, 2)
+    assert cache.stats.device_hit_tokens > 0
+
+
+def test_a_device_pool_too_small_for_one_request_says_so(model: LlamaModel) -> None:
+    engine = Engine(model, build(8, 0, None))
+    with pytest.raises(HostPoolError, match="device pool cannot hold"):
+        engine.generate(list(range(20)), 4)
+
+
+@pytest.mark.parametrize(
+    ("layout", "device_tokens", "host_tokens", "seed"),
+    [("page_first", 64, 64, 1), ("page_first_direct", 72, 40, 2), ("page_head", 64, 56, 3)],
+)
+def test_host_layouts_and_pool_sizes(
+    model: LlamaModel,
+    memory_backend: StorageBackend,
+    layout: str,
+    device_tokens: int,
+    host_tokens: int,
+    seed: int,
+) -> None:
+    prompts = conversations(rounds=4, clients=3, seed=seed)
+    expected = run(Engine(model, None), [list(p) for p in prompts])
+    cache = build(device_tokens, host_tokens, memory_backend, layout=layout)
+    assert run(Engine(model, cache), [list(p) for p in prompts]) == expected
+    cache.tree.check()
+    assert cache.stats.pages_loaded > 0
+
+
+def test_storage_faults_mid_run_degrade_to_recompute(model: LlamaModel) -> None:
+    # Every storage call fails with probability 0.4 (the fault layer, seeded): failed writes
+    # leave pages unstored, failed reads and existence checks are misses, never wrong tokens.
+    faults = FaultConfig(seed=7, default=FaultRule(failure_rate=0.4))
+    backend = create_backend("memory", layers=LayerConfig(faults=faults))
+    prompts = conversations(rounds=4, clients=3, seed=11)
+    expected = run(Engine(model, None), [list(p) for p in prompts])
+    cache = build(64, 48, backend)
+    assert run(Engine(model, cache), [list(p) for p in prompts]) == expected
+    cache.tree.check()
+    assert sum(backend.stats()["faults"].values()) > 0, "the fault layer must have fired"
+    backend.close()
