@@ -29,3 +29,15 @@ def test_mixed_tp_fleet_shares_objects(tmp_path: Path) -> None:
         check=True,
     )
     assert "TP1 loaded 8/8 objects, identical to the TP2 ranks' KV: True" in result.stdout
+
+
+def test_engine_example_matches_recompute(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "engine.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert "identical to recompute: True" in result.stdout
+    assert "storage 0;" not in result.stdout, "the example must show pages coming back from L3"
