@@ -23,7 +23,7 @@ A backend may move the regions zero-copy (:meth:`HostKVPool.page_buffer_meta`,
 Objects written from a pool of one layout cannot be read into a pool of another.
 
 A pool either allocates its tensor or adopts one that another engine already holds, in place
-(:meth:`MHAHostPool.from_buffer`, :meth:`MLAHostPool.from_buffer`).
+(:meth:`HostKVPool.from_buffer`).
 
 Internally the pool tensor is seen as a byte grid with one row per region above (2L, 2, L or 1
 rows), each row holding that region for every token; a page is one column range of the grid.
@@ -38,6 +38,7 @@ from typing import ClassVar, TypeAlias
 import numpy as np
 import numpy.typing as npt
 import torch
+from typing_extensions import Self
 
 from hicache_storage.buffers import as_readable, as_writable
 from hicache_storage.errors import (
@@ -111,6 +112,45 @@ class HostKVPool:
         self.page_nbytes = rows * self._region_nbytes
         self._grid = kv_buffer.detach().view(-1).view(torch.uint8).view(rows, self._row_nbytes)
         self._grid_np: npt.NDArray[np.uint8] = self._grid.numpy()
+
+    @classmethod
+    def from_buffer(cls, kv_buffer: torch.Tensor, page_size: int, layout: Layout | str) -> Self:
+        """Make a pool over an existing tensor, in place: no copy, writes show on both sides.
+
+        The geometry comes from the tensor's shape, which must be that of ``layout``, of any
+        dtype. MHA: ``layer_first`` ``(2, L, size, H, D)``, ``page_first`` ``(2, size, L, H, D)``,
+        ``page_first_direct`` ``(2, pages, L, page_size, H, D)`` or ``page_head``
+        ``(2, pages, H, page_size, L, D)``. MLA: ``layer_first`` ``(L, size, 1, d)``,
+        ``page_first`` ``(size, L, 1, d)`` or ``page_first_direct`` ``(pages, L, page_size, 1,
+        d)``. The pool's allocator starts with every page free, whatever the tensor holds.
+
+        Parameters
+        ----------
+        kv_buffer
+            A contiguous CPU tensor, pinned or not; it becomes ``kv_buffer`` of the pool.
+        page_size
+            Tokens per page.
+        layout
+            A :class:`Layout` or its name (MLA: not ``page_head``).
+
+        Returns
+        -------
+        HostKVPool
+            A pool of the class it is called on; its ``kv_buffer`` is ``kv_buffer`` itself.
+
+        Raises
+        ------
+        HostPoolError
+            If ``kv_buffer`` is not a contiguous CPU tensor, its shape is not one of ``layout``
+            with pages of ``page_size`` tokens, or the layout is ``page_head`` for MLA.
+        """
+        pool = cls.__new__(cls)
+        pool._adopt(kv_buffer, page_size, Layout.parse(layout))
+        return pool
+
+    def _adopt(self, kv_buffer: torch.Tensor, page_size: int, layout: Layout) -> None:
+        """Become the pool over ``kv_buffer`` (each subclass reads its own geometry)."""
+        raise NotImplementedError
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """Allocate ``need_size`` token slots; see :meth:`PageAllocator.alloc`."""
@@ -287,42 +327,6 @@ class MHAHostPool(HostKVPool):
         shape = mha_buffer_shape(parsed, size, page_size, layer_num, head_num, head_dim)
         self._adopt(_allocate(shape, dtype, pin_memory), page_size, parsed)
 
-    @classmethod
-    def from_buffer(
-        cls, kv_buffer: torch.Tensor, page_size: int, layout: Layout | str
-    ) -> MHAHostPool:
-        """Make a pool over an existing tensor, in place: no copy, writes show on both sides.
-
-        The geometry comes from the tensor's shape, which must be that of ``layout``:
-        ``layer_first`` ``(2, L, size, H, D)``, ``page_first`` ``(2, size, L, H, D)``,
-        ``page_first_direct`` ``(2, pages, L, page_size, H, D)`` or ``page_head``
-        ``(2, pages, H, page_size, L, D)``, of any dtype. The pool's allocator starts with every
-        page free, whatever the tensor holds.
-
-        Parameters
-        ----------
-        kv_buffer
-            A contiguous CPU tensor, pinned or not; it becomes ``kv_buffer`` of the pool.
-        page_size
-            Tokens per page.
-        layout
-            A :class:`Layout` or its name.
-
-        Returns
-        -------
-        MHAHostPool
-            The pool; its ``kv_buffer`` is ``kv_buffer`` itself.
-
-        Raises
-        ------
-        HostPoolError
-            If ``kv_buffer`` is not a contiguous CPU tensor, or its shape is not one of
-            ``layout`` with pages of ``page_size`` tokens.
-        """
-        pool = cls.__new__(cls)
-        pool._adopt(kv_buffer, page_size, Layout.parse(layout))
-        return pool
-
     def _adopt(self, kv_buffer: torch.Tensor, page_size: int, layout: Layout) -> None:
         """Become the pool over ``kv_buffer``: what both constructors share."""
         tensor = _adoptable(kv_buffer, "MHA", layout)
@@ -364,41 +368,6 @@ class MLAHostPool(HostKVPool):
         parsed = Layout.parse(layout)
         shape = mla_buffer_shape(parsed, size, page_size, layer_num, kv_cache_dim)
         self._adopt(_allocate(shape, dtype, pin_memory), page_size, parsed)
-
-    @classmethod
-    def from_buffer(
-        cls, kv_buffer: torch.Tensor, page_size: int, layout: Layout | str
-    ) -> MLAHostPool:
-        """Make a pool over an existing tensor, in place: no copy, writes show on both sides.
-
-        The geometry comes from the tensor's shape, which must be that of ``layout``:
-        ``layer_first`` ``(L, size, 1, d)``, ``page_first`` ``(size, L, 1, d)`` or
-        ``page_first_direct`` ``(pages, L, page_size, 1, d)``, of any dtype. The pool's
-        allocator starts with every page free, whatever the tensor holds.
-
-        Parameters
-        ----------
-        kv_buffer
-            A contiguous CPU tensor, pinned or not; it becomes ``kv_buffer`` of the pool.
-        page_size
-            Tokens per page.
-        layout
-            A :class:`Layout` or its name; not ``page_head``.
-
-        Returns
-        -------
-        MLAHostPool
-            The pool; its ``kv_buffer`` is ``kv_buffer`` itself.
-
-        Raises
-        ------
-        HostPoolError
-            If ``layout`` is ``page_head``, ``kv_buffer`` is not a contiguous CPU tensor, or its
-            shape is not one of ``layout`` with pages of ``page_size`` tokens.
-        """
-        pool = cls.__new__(cls)
-        pool._adopt(kv_buffer, page_size, Layout.parse(layout))
-        return pool
 
     def _adopt(self, kv_buffer: torch.Tensor, page_size: int, layout: Layout) -> None:
         """Become the pool over ``kv_buffer``: what both constructors share."""

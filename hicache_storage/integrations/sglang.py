@@ -257,6 +257,11 @@ class _AdoptedPool:
         return backend.batch_set(keys, values)
 
 
+def _pool_name(name: Any) -> str:
+    """Return a pool's name as text (SGLang passes ``PoolName`` members or strings)."""
+    return str(getattr(name, "value", name))
+
+
 def _bytes_of(tensor: Any) -> memoryview:
     """Return a writable byte view of a contiguous CPU tensor (no copy)."""
     if not isinstance(tensor, torch.Tensor):
@@ -393,7 +398,7 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
             If a sidecar pool can neither be adopted nor moved through SGLang's flat pages.
         """
         super().register_mem_host_pool_v2(host_pool, host_pool_name)
-        name = str(getattr(host_pool_name, "value", host_pool_name))
+        name = _pool_name(host_pool_name)
         if name == PoolName.KV.value:
             if host_pool is not self.mem_pool_host:
                 self.register_mem_pool_host(host_pool)
@@ -576,7 +581,7 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
         for transfer in pool_transfers or []:
             if not restorable:
                 break
-            name = str(transfer.name.value if hasattr(transfer.name, "value") else transfer.name)
+            name = _pool_name(transfer.name)
             present = self._sidecar_present(name, keys[:kv_pages], transfer.hit_policy)
             if transfer.hit_policy == PoolHitPolicy.ALL_PAGES:
                 boundary = next((i for i, p in enumerate(present) if not p), kv_pages)
@@ -621,7 +626,7 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
     def _transfers_v2(self, transfers: Sequence[PoolTransfer], op: str) -> dict[str, list[bool]]:
         results: dict[str, list[bool]] = {}
         for transfer in transfers:
-            name = str(transfer.name.value if hasattr(transfer.name, "value") else transfer.name)
+            name = _pool_name(transfer.name)
             page_hashes = list(transfer.keys or [])
             indices = transfer.host_indices
             if name == PoolName.KV.value:
