@@ -32,9 +32,13 @@ from hicache_storage.hostpool import HostKVPool, PageAllocator
 from hicache_storage.kernels import DevicePool, KVTransfer
 from hicache_storage.keys import KeyScheme, RankSuffixScheme
 
+from .backup import BackupJob, BackupWriter
 from .radix import Node, RadixTree, Tier
 
 __all__ = ["CacheConfig", "CacheStats", "Lease", "TierCache", "WritePolicy"]
+
+_WRITE_WAIT_S = 1.0
+"""How long room-making waits for one background write at a time."""
 
 
 class WritePolicy(str, enum.Enum):
@@ -119,6 +123,9 @@ class TierCache:
         Page size and policies.
     scheme
         How page hashes become storage keys; the default is a single rank's rank-suffix scheme.
+    writer
+        Write backed-up pages to storage on this background writer instead of on the caller's
+        thread; the node stays locked until its write completes (:meth:`poll`).
 
     Raises
     ------
@@ -134,6 +141,7 @@ class TierCache:
         config: CacheConfig,
         *,
         scheme: KeyScheme | None = None,
+        writer: BackupWriter | None = None,
     ) -> None:
         if backend is not None and host_pool is None:
             raise ConfigError("a storage tier needs a host pool to stage its pages")
@@ -152,6 +160,8 @@ class TierCache:
         if backend is not None and host_pool is not None:
             backend.register_host_pool(host_pool)
         self.stats = CacheStats()
+        self.writer = writer
+        self._pending: dict[int, Node] = {}
 
     # -- a request's path -------------------------------------------------------------------------
 
@@ -161,6 +171,7 @@ class TierCache:
         At least one token is always left to compute (the model needs the last prompt token's
         logits), so the prefix stops a page short of a fully cached prompt.
         """
+        self.poll()
         page = self.config.page_size
         usable = (len(tokens) - 1) // page * page
         prefix = tuple(int(t) for t in tokens[:usable])
@@ -207,6 +218,26 @@ class TierCache:
         if self.config.write_policy is WritePolicy.WRITE_THROUGH:
             self._write_through(result.node)
 
+    def poll(self) -> None:
+        """Apply the background writes that completed: mark their nodes stored and unlock them."""
+        if self.writer is None:
+            return
+        for done in self.writer.poll():
+            self._complete(done.ticket, done.stored)
+
+    def close(self) -> None:
+        """Finish the background writes still queued and apply them."""
+        if self.writer is not None:
+            for done in self.writer.close():
+                self._complete(done.ticket, done.stored)
+
+    def _complete(self, ticket: object, stored: bool) -> None:
+        node = self._pending.pop(id(ticket))
+        if stored and node.in_tree:
+            self.tree.mark_stored(node)
+            self.stats.pages_stored += node.num_tokens // self.config.page_size
+        self.tree.unlock(node)
+
     # -- slots ------------------------------------------------------------------------------------
 
     def alloc_device(self, count: int) -> torch.Tensor:
@@ -220,6 +251,14 @@ class TierCache:
         need = -(-count // self.config.page_size) * self.config.page_size
         while self.device_alloc.available_size() < need:
             victim = next(self.tree.evictable(Tier.DEVICE), None)
+            if victim is None and self._pending and self.writer is not None:
+                # Pages locked by pending writes free up as the writer completes them.
+                completed = self.writer.poll(timeout_s=_WRITE_WAIT_S)
+                if not completed and not self.writer.alive:
+                    raise HostPoolError("the backup writer stopped with writes pending")
+                for done in completed:
+                    self._complete(done.ticket, done.stored)
+                continue
             if victim is None:
                 raise HostPoolError(
                     f"the device pool cannot hold {need} more tokens: every page is locked"
@@ -341,4 +380,19 @@ class TierCache:
         if self._backup(node) and self.backend is not None:
             for step in self.tree.path(node):
                 if not step.is_root and not step.stored and Tier.HOST in step.tiers:
-                    self._store(step)
+                    if self.writer is not None:
+                        self._store_later(step)
+                    else:
+                        self._store(step)
+
+    def _store_later(self, node: Node) -> None:
+        """Queue ``node``'s pages on the background writer, locked until the write completes."""
+        host = node.host_indices
+        if self.writer is None or host is None or id(node) in self._pending:
+            return
+        self.tree.lock(node)
+        self._pending[id(node)] = node
+        job = BackupJob(node, self.scheme.keys(node.hashes), host.clone())
+        if not self.writer.submit(job):
+            del self._pending[id(node)]
+            self.tree.unlock(node)

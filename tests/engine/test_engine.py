@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from hicache_storage import FaultConfig, FaultRule, LayerConfig, StorageBackend, create_backend
+from hicache_storage.engine.backup import BackupWriter
 from hicache_storage.engine.cache import CacheConfig, TierCache, WritePolicy
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.model import LlamaModel, ModelConfig
@@ -165,3 +167,38 @@ def test_storage_faults_mid_run_degrade_to_recompute(model: LlamaModel) -> None:
     cache.tree.check()
     assert sum(backend.stats()["faults"].values()) > 0, "the fault layer must have fired"
     backend.close()
+
+
+def test_background_writes_keep_the_tokens_and_leave_no_thread(
+    model: LlamaModel, memory_backend: StorageBackend
+) -> None:
+    before = {t.ident for t in threading.enumerate()}
+    prompts = conversations(rounds=4, clients=3, seed=13)
+    expected = run(Engine(model, None), [list(p) for p in prompts])
+    writer = BackupWriter(memory_backend, capacity=4)
+    cache = TierCache(
+        DevicePool.mha(64, CONFIG.layers, CONFIG.kv_heads, CONFIG.head_dim, CONFIG.dtype),
+        MHAHostPool(
+            48,
+            PAGE,
+            CONFIG.layers,
+            CONFIG.kv_heads,
+            CONFIG.head_dim,
+            CONFIG.dtype,
+            pin_memory=False,
+        ),
+        memory_backend,
+        CacheConfig(PAGE),
+        writer=writer,
+    )
+    assert run(Engine(model, cache), [list(p) for p in prompts]) == expected
+    cache.close()
+    assert not writer.alive
+    assert {t.ident for t in threading.enumerate()} <= before
+    assert cache.tree.locked_tokens == 0, "every pending write released its lock"
+    cache.tree.check()
+    assert cache.stats.pages_stored > 0
+    # A fresh engine is served from what the background writer stored.
+    again = build(256, 256, memory_backend)
+    assert run(Engine(model, again), [list(p) for p in prompts]) == expected
+    assert again.stats.storage_hit_tokens > 0
