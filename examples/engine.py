@@ -56,7 +56,8 @@ def main(root: str) -> None:
     with create_backend("file", {"root": root}) as backend:
         cache = TierCache(device, host, backend, CacheConfig(PAGE))
         turns = conversations(clients=3, rounds=4)
-        cached = serve(Engine(model, cache), turns)
+        with Engine(model, cache) as engine:  # closing flushes the queued storage writes
+            cached = serve(engine, turns)
         recomputed = serve(Engine(model, None), turns)
     s = cache.stats
     print(

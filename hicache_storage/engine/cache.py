@@ -1,26 +1,30 @@
-"""The hierarchical KV cache: device pool (L1), host pool (L2) and a storage backend (L3).
+"""The cache controller: device pool (L1), host pool (L2) and a storage backend (L3).
 
-:class:`TierCache` owns the three pools and the :class:`~hicache_storage.engine.radix.RadixTree`
-that indexes them, and moves pages between tiers. A request goes through it in two calls:
+:class:`TierCache` owns the three pools, the :class:`~hicache_storage.engine.radix.RadixTree`
+that indexes them, and the storage threads (:class:`~hicache_storage.engine.storage_io.StorageIO`).
+It is the one place that changes a page's tier, and it runs on the scheduler's thread only; the
+threads move bytes and report back through :meth:`TierCache.poll`.
 
-1. :meth:`TierCache.acquire` matches the prompt, brings its cached prefix to the device (host
-   pages loaded L2→L1; storage pages fetched L3→L2 then loaded) and locks it;
-2. :meth:`TierCache.release` inserts what the request computed, applies the write policy and
-   unlocks.
+A request goes through it in three calls:
 
-Pages move with :class:`~hicache_storage.kernels.KVTransfer` between the device and the host
-pool, and with the backend's zero-copy ``batch_get_v1``/``batch_set_v1`` between the host pool
-and storage. Room is made by evicting least recently used unlocked leaves: device pages go to the
-host (backed up first unless already there), host pages to storage (written first unless already
-stored). A storage failure is a miss (the default layers count it): the request recomputes.
+1. :meth:`TierCache.lookup` when it arrives: match its prompt in the tree and, when storage may
+   hold a longer prefix, start a prefetch (existence query, then reads into host slots) while the
+   request waits;
+2. :meth:`TierCache.acquire` when the scheduler admits it: stop the prefetch as the prefetch
+   policy allows, put the fetched pages in the tree, lock the prefix, start the L2→L1 load of its
+   host part (layer by layer, taken with :meth:`TierCache.take_load` into the next forward), and
+   allocate device pages for the rest; None when the device pool has no room (nothing changed);
+3. :meth:`TierCache.release` when it finishes: insert what it computed, apply the write policy,
+   unlock.
 
-This first version runs every transfer synchronously on the caller's thread; background
-prefetch and backup threads and layer-wise overlap build on it.
+Room is made by evicting least recently used unlocked leaves: device pages go to the host (copied
+first unless there), host pages go to storage (written first unless stored; an eviction waits for
+such a write rather than lose the page). A storage failure is a miss: the request recomputes.
 """
 
 from __future__ import annotations
 
-import enum
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -32,24 +36,20 @@ from hicache_storage.hostpool import HostKVPool, PageAllocator
 from hicache_storage.kernels import DevicePool, KVTransfer
 from hicache_storage.keys import KeyScheme, RankSuffixScheme
 
-from .backup import BackupJob, BackupWriter
+from .loading import LayerLoad, LoadTiming
+from .policies import PrefetchPolicy, PrefetchTimeout, WritePolicy, prefetch_done_waiting
 from .radix import Node, RadixTree, Tier
+from .storage_io import Backup, BackupDone, Prefetch, PrefetchState, StorageIO
 
-__all__ = ["CacheConfig", "CacheStats", "Lease", "TierCache", "WritePolicy"]
+__all__ = ["CacheConfig", "CacheStats", "Lease", "Lookup", "TierCache"]
 
-_WRITE_WAIT_S = 1.0
-"""How long room-making waits for one background write at a time."""
+_WRITE_WAIT_S = 0.05
+"""How long room-making on the host waits for one background write at a time."""
 
 
-class WritePolicy(str, enum.Enum):
-    """When pages computed on the device are copied to the host and to storage."""
-
-    WRITE_THROUGH = "write_through"
-    """Back up every new page at once (L1→L2→L3)."""
-    WRITE_THROUGH_SELECTIVE = "write_through_selective"
-    """Back up a page once it has been hit ``backup_after_hits`` times."""
-    WRITE_BACK = "write_back"
-    """Back up only what eviction would otherwise lose."""
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive int, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -60,30 +60,64 @@ class CacheConfig:
     ----------
     page_size
         Tokens per page, the unit of every tier.
+    prefix_cache
+        Reuse cached prefixes at all; False makes the no-cache baseline (every token computed).
     write_policy
-        When pages are backed up (see :class:`WritePolicy`).
+        When pages are backed up (see :class:`~hicache_storage.engine.policies.WritePolicy`).
     backup_after_hits
         Hits after which ``write_through_selective`` backs a page up.
+    prefetch_policy, prefetch_timeout
+        When a waiting request stops waiting for its storage prefetch. The default waits a
+        bounded time (``timeout``) so that storage hits are used; SGLang's default,
+        ``best_effort``, never delays a request and so uses only what arrived already.
     prefetch_threshold
         Fewest pages worth fetching from storage; shorter storage hits are recomputed.
+    prefetch_capacity
+        Most host tokens that in-flight prefetches may hold; None for half the host pool.
+    read_batch_pages
+        Pages per storage read of a prefetch.
+    write_queue
+        Most backups queued for storage at once.
+    load_max_gbps, backup_max_gbps
+        Pace of the L2→L1 and L1→L2 copy kernels on a GPU; None for full speed.
     """
 
     page_size: int
+    prefix_cache: bool = True
     write_policy: WritePolicy = WritePolicy.WRITE_THROUGH
     backup_after_hits: int = 2
+    prefetch_policy: PrefetchPolicy = PrefetchPolicy.TIMEOUT
+    prefetch_timeout: PrefetchTimeout = field(default_factory=PrefetchTimeout)
     prefetch_threshold: int = 1
+    prefetch_capacity: int | None = None
+    read_batch_pages: int = 32
+    write_queue: int = 64
+    load_max_gbps: float | None = None
+    backup_max_gbps: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("page_size", "backup_after_hits", "prefetch_threshold"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
-        object.__setattr__(self, "write_policy", WritePolicy(self.write_policy))
+        for name in (
+            "page_size",
+            "backup_after_hits",
+            "prefetch_threshold",
+            "read_batch_pages",
+            "write_queue",
+        ):
+            _positive_int(name, getattr(self, name))
+        if self.prefetch_capacity is not None:
+            _positive_int("prefetch_capacity", self.prefetch_capacity)
+        if not isinstance(self.prefetch_timeout, PrefetchTimeout):
+            raise ConfigError("prefetch_timeout must be a PrefetchTimeout")
+        try:
+            object.__setattr__(self, "write_policy", WritePolicy(self.write_policy))
+            object.__setattr__(self, "prefetch_policy", PrefetchPolicy(self.prefetch_policy))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 @dataclass
 class CacheStats:
-    """Tokens served by each tier and pages moved between them, since the cache was built."""
+    """What the cache served and moved since it was built (tokens, pages, bytes, seconds)."""
 
     device_hit_tokens: int = 0
     host_hit_tokens: int = 0
@@ -93,39 +127,73 @@ class CacheStats:
     pages_backed_up: int = 0
     pages_fetched: int = 0
     pages_stored: int = 0
+    storage_bytes_read: int = 0
+    storage_bytes_written: int = 0
+    prefetches: int = 0
+    prefetch_pages_cut: int = 0
     storage_misses: int = 0
+    backups_failed: int = 0
+    backups_refused: int = 0
+    pages_dropped: int = 0
+    loads: int = 0
+    load_s: float = 0.0
+    exposed_load_s: float = 0.0
+    layer_loads: int = 0
+
+
+@dataclass
+class Lookup:
+    """A waiting request's match and its storage prefetch, from :meth:`TierCache.lookup`."""
+
+    tokens: tuple[int, ...]
+    seed: str | None
+    anchor: Node
+    anchor_len: int
+    fetch: Prefetch | None = None
 
 
 @dataclass
 class Lease:
-    """A request's hold on its cached prefix, from :meth:`TierCache.acquire` to ``release``."""
+    """An admitted request's hold on its prefix and device slots, until ``release``.
+
+    Attributes
+    ----------
+    slots
+        Device slots of the whole request: the cached prefix's, then fresh ones for every token
+        it computes or generates (whole pages).
+    cached
+        Leading prompt tokens whose KV the cache supplied (ready once the pending load is).
+    device_hit, host_hit, storage_hit
+        How many of them came from each tier.
+    """
 
     tokens: tuple[int, ...]
     seed: str | None
     node: Node
-    device_indices: torch.Tensor
+    slots: torch.Tensor
     cached: int
-    released: bool = field(default=False)
+    device_hit: int = 0
+    host_hit: int = 0
+    storage_hit: int = 0
+    released: bool = False
 
 
 class TierCache:
-    """The three tiers of a KV cache and the radix tree that indexes them.
+    """The three tiers of a KV cache, the radix tree that indexes them and the storage threads.
 
     Parameters
     ----------
     device_pool
         The layer-first device pool (L1) the model reads.
     host_pool
-        The host pool (L2), of any layout; its geometry must match the device pool's.
+        The host pool (L2), of any layout; its geometry must match the device pool's. None for a
+        device-only cache.
     backend
         The storage backend (L3), built with the default layers; None for no storage tier.
     config
         Page size and policies.
     scheme
         How page hashes become storage keys; the default is a single rank's rank-suffix scheme.
-    writer
-        Write backed-up pages to storage on this background writer instead of on the caller's
-        thread; the node stays locked until its write completes (:meth:`poll`).
 
     Raises
     ------
@@ -141,13 +209,17 @@ class TierCache:
         config: CacheConfig,
         *,
         scheme: KeyScheme | None = None,
-        writer: BackupWriter | None = None,
     ) -> None:
         if backend is not None and host_pool is None:
             raise ConfigError("a storage tier needs a host pool to stage its pages")
         if host_pool is not None and host_pool.page_size != config.page_size:
             raise HostPoolError(
                 f"host pool pages hold {host_pool.page_size} tokens, the cache's {config.page_size}"
+            )
+        if device_pool.size % config.page_size:
+            raise HostPoolError(
+                f"the device pool's {device_pool.size} slots are not whole "
+                f"{config.page_size}-token pages"
             )
         self.config = config
         self.device_pool = device_pool
@@ -157,86 +229,216 @@ class TierCache:
         self.tree = RadixTree(config.page_size)
         self.device_alloc = PageAllocator(device_pool.size, config.page_size)
         self.transfer = None if host_pool is None else KVTransfer(device_pool, host_pool)
+        self.io: StorageIO | None = None
         if backend is not None and host_pool is not None:
             backend.register_host_pool(host_pool)
+            self.io = StorageIO(
+                backend,
+                read_batch_pages=config.read_batch_pages,
+                write_capacity=config.write_queue,
+            )
         self.stats = CacheStats()
-        self.writer = writer
-        self._pending: dict[int, Node] = {}
+        self.token_bytes = device_pool.row_nbytes * device_pool.num_kv * device_pool.layer_num
+        capacity = config.prefetch_capacity
+        if capacity is None and host_pool is not None:
+            capacity = max(config.page_size, host_pool.size // 2)
+        self._prefetch_capacity = capacity or 0
+        self._prefetch_held = 0
+        self._draining: list[Prefetch] = []
+        self._writing: dict[int, tuple[Node, frozenset[str]]] = {}
+        self._loads: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._closed = False
 
     # -- a request's path -------------------------------------------------------------------------
 
-    def acquire(self, tokens: Sequence[int], *, seed: str | None = None) -> Lease:
-        """Bring the longest cached prefix of ``tokens`` to the device and lock it.
+    def lookup(self, tokens: Sequence[int], *, seed: str | None = None) -> Lookup:
+        """Match ``tokens`` and start fetching the part storage may hold beyond the match.
 
         At least one token is always left to compute (the model needs the last prompt token's
-        logits), so the prefix stops a page short of a fully cached prompt.
+        logits), so the usable prefix stops a page short of a fully cached prompt. ``seed`` is
+        the request's cache namespace (``namespace_seed(extra_key, cache_salt)``).
         """
+        self._check_open()
         self.poll()
         page = self.config.page_size
-        usable = (len(tokens) - 1) // page * page
+        usable = (len(tokens) - 1) // page * page if self.config.prefix_cache else 0
         prefix = tuple(int(t) for t in tokens[:usable])
         match = self.tree.match_prefix(prefix, seed=seed)
+        anchor = match.last_node
+        lookup = Lookup(prefix, seed, anchor, match.matched_len)
+        hashes = match.remainder_hashes
+        room = (self._prefetch_capacity - self._prefetch_held) // page
+        pages = min(len(hashes), room)
+        if self.io is None or pages < self.config.prefetch_threshold or not self._on_host(anchor):
+            return lookup
+        if not anchor.is_root:
+            self.tree.pin_host(anchor)
+        host = self._alloc_host(pages * page)
+        if host is None:
+            if not anchor.is_root:
+                self.tree.unpin_host(anchor)
+            return lookup
+        keys = self.scheme.keys(hashes[:pages])
+        lookup.fetch = Prefetch(keys, self.scheme.keys_per_page, host, page)
+        self._prefetch_held += host.numel()
+        self.stats.prefetches += 1
+        self.io.prefetch(lookup.fetch)
+        return lookup
+
+    def ready(self, lookup: Lookup) -> bool:
+        """Whether the prefetch policy lets the request be scheduled now."""
+        fetch = lookup.fetch
+        if fetch is None:
+            return True
+        return prefetch_done_waiting(
+            self.config.prefetch_policy,
+            self.config.prefetch_timeout,
+            finished=fetch.state is PrefetchState.FINISHED,
+            pages=fetch.target_pages,
+            elapsed_s=time.monotonic() - fetch.started,
+        )
+
+    def acquire(self, lookup: Lookup, total_tokens: int) -> Lease | None:
+        """Admit a request: its cached prefix on the device, locked, and slots for the rest.
+
+        Parameters
+        ----------
+        lookup
+            The request's :meth:`lookup`.
+        total_tokens
+            Slots the request needs in all: prompt and generated tokens but the last.
+
+        Returns
+        -------
+        Lease or None
+            None when the device pool cannot make room even by evicting every unlocked page;
+            nothing changed and the prefetch runs on.
+        """
+        self._check_open()
+        page = self.config.page_size
+        match = self.tree.match_prefix(lookup.tokens, seed=lookup.seed)
         self.tree.lock(match.last_node)
+        need = -(-(total_tokens - match.device_len) // page) * page
+        if need > self.device_alloc.available_size() + self._evictable_device_tokens():
+            self.tree.unlock(match.last_node)
+            return None
         node = match.last_node
-        self.stats.device_hit_tokens += match.device_len
+        storage_hit = self._finish_fetch(lookup)
+        if storage_hit:
+            rematch = self.tree.match_prefix(lookup.tokens, seed=lookup.seed)
+            self.tree.lock(rematch.last_node)
+            self.tree.unlock(node)
+            match, node = rematch, rematch.last_node
+        device_hit = match.device_len
         for host_node in match.host_nodes:
-            self._load(host_node)
-            self.stats.host_hit_tokens += host_node.num_tokens
-        matched = match.matched_len
-        if self.backend is not None and matched < usable and self._on_host(node):
-            node = self._fetch(node, prefix, matched, list(match.remainder_hashes), seed)
+            self._schedule_load(host_node)
+        path = [n for n in self.tree.path(node) if not n.is_root]
+        prefix = [n.device_indices for n in path if n.device_indices is not None]
+        cached = match.matched_len
+        fresh = self.alloc_device(total_tokens - cached)
+        slots = torch.cat([*prefix, fresh]) if prefix else fresh
         if self.config.write_policy is WritePolicy.WRITE_THROUGH_SELECTIVE:
-            hot = [n for n in self.tree.path(node) if n.hit_count >= self.config.backup_after_hits]
+            hot = [n for n in path if n.hit_count >= self.config.backup_after_hits]
             if hot:
                 self._write_through(hot[-1])
-        path = [n for n in self.tree.path(node) if not n.is_root]
-        parts = [n.device_indices for n in path if n.device_indices is not None]
-        device = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
-        return Lease(prefix, seed, node, device, int(device.numel()))
+        storage_hit = min(storage_hit, cached - device_hit)
+        host_hit = cached - device_hit - storage_hit
+        self.stats.device_hit_tokens += device_hit
+        self.stats.host_hit_tokens += host_hit
+        self.stats.storage_hit_tokens += storage_hit
+        return Lease(
+            lookup.tokens, lookup.seed, node, slots, cached, device_hit, host_hit, storage_hit
+        )
+
+    def cancel(self, lookup: Lookup) -> None:
+        """Drop a request that will not be admitted: stop its prefetch, free what it holds."""
+        fetch = lookup.fetch
+        if fetch is None:
+            return
+        lookup.fetch = None
+        fetch.cancel()
+        self._drain(fetch)
+        if not lookup.anchor.is_root:
+            self.tree.unpin_host(lookup.anchor)
+
+    def take_load(self) -> LayerLoad | None:
+        """Start the L2→L1 loads of every request admitted since the last call, layer by layer.
+
+        The next forward must pass :meth:`LayerLoad.wait` as its per-layer hook.
+        """
+        if not self._loads or self.transfer is None:
+            return None
+        host = torch.cat([h for h, _ in self._loads])
+        device = torch.cat([d for _, d in self._loads])
+        self._loads.clear()
+        return LayerLoad(self.transfer, host, device, max_gbps=self.config.load_max_gbps)
+
+    def record_load(self, timing: LoadTiming) -> None:
+        """Add a finished load's duration and exposed time to the stats."""
+        self.stats.loads += 1
+        self.stats.layer_loads += timing.layers
+        self.stats.load_s += timing.load_s
+        self.stats.exposed_load_s += timing.exposed_s
 
     def release(self, lease: Lease, tokens: Sequence[int], slots: torch.Tensor) -> None:
         """Insert the request's computed KV, apply the write policy and drop the lock.
 
-        ``tokens`` are the tokens whose KV the request holds (prompt and output but the last
-        token); ``slots`` are the lease's prefix slots followed by every slot the request got
-        from :meth:`alloc_device` (whole pages). Slots of pages the tree already holds and of
-        the trailing partial page are freed.
+        ``tokens`` are the tokens whose KV is at ``slots`` (for a finished request: prompt and
+        output but the last token); ``slots`` is a prefix of :attr:`Lease.slots` or all of it.
+        Every slot of the lease the tree does not take is freed.
         """
         if lease.released:
             raise HostPoolError("this lease was already released")
         lease.released = True
-        slots = slots.to("cpu", torch.int64)
+        held = lease.slots.to("cpu", torch.int64)
         page = self.config.page_size
-        aligned = len(tokens) // page * page
-        prefix = tuple(int(t) for t in tokens[:aligned])
-        result = self.tree.insert(prefix, slots[:aligned], seed=lease.seed)
-        duplicate = slots[lease.cached : max(lease.cached, result.existing_len)]
-        freed = torch.cat([duplicate, slots[aligned:]])
+        keep = len(tokens) // page * page if self.config.prefix_cache else 0
+        keep = max(min(keep, slots.numel()), 0)
+        if keep >= lease.cached:
+            result = self.tree.insert(
+                tuple(int(t) for t in tokens[:keep]), held[:keep], seed=lease.seed
+            )
+            taken_from = max(lease.cached, result.existing_len)
+            freed = torch.cat([held[lease.cached : taken_from], held[keep:]])
+            last = result.node
+        else:
+            freed = held[lease.cached :]
+            last = lease.node
         if freed.numel():
             self.device_alloc.free(freed)
         self.tree.unlock(lease.node)
-        if self.config.write_policy is WritePolicy.WRITE_THROUGH:
-            self._write_through(result.node)
+        self.stats.computed_tokens += max(len(tokens) - lease.cached, 0)
+        if self.config.write_policy is WritePolicy.WRITE_THROUGH and keep:
+            self._write_through(last)
+
+    # -- background completions ------------------------------------------------------------------
 
     def poll(self) -> None:
-        """Apply the background writes that completed: mark their nodes stored and unlock them."""
-        if self.writer is None:
-            return
-        for done in self.writer.poll():
-            self._complete(done.ticket, done.stored)
+        """Apply what the storage threads finished: stored pages, drained prefetch slots."""
+        if self.io is not None:
+            for done in self.io.poll():
+                self._complete(done)
+        self._reap()
 
     def close(self) -> None:
-        """Finish the background writes still queued and apply them."""
-        if self.writer is not None:
-            for done in self.writer.close():
-                self._complete(done.ticket, done.stored)
+        """Flush queued backups, stop every thread and apply the outcomes; idempotent.
 
-    def _complete(self, ticket: object, stored: bool) -> None:
-        node = self._pending.pop(id(ticket))
-        if stored and node.in_tree:
-            self.tree.mark_stored(node)
-            self.stats.pages_stored += node.num_tokens // self.config.page_size
-        self.tree.unlock(node)
+        Backups the queue refused or that failed are counted (``backups_refused``,
+        ``backups_failed``); after close no thread of the cache is left.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self.io is not None:
+            for done in self.io.close():
+                self._complete(done)
+            self.stats.backups_refused = self.io.refused_backups
+        self._reap()
+
+    @property
+    def threads(self) -> tuple[object, ...]:
+        """The cache's threads (empty without a storage tier)."""
+        return () if self.io is None else self.io.threads
 
     # -- slots ------------------------------------------------------------------------------------
 
@@ -249,16 +451,10 @@ class TierCache:
             If locked pages leave too little room.
         """
         need = -(-count // self.config.page_size) * self.config.page_size
+        if need == 0:
+            return torch.empty(0, dtype=torch.int64)
         while self.device_alloc.available_size() < need:
             victim = next(self.tree.evictable(Tier.DEVICE), None)
-            if victim is None and self._pending and self.writer is not None:
-                # Pages locked by pending writes free up as the writer completes them.
-                completed = self.writer.poll(timeout_s=_WRITE_WAIT_S)
-                if not completed and not self.writer.alive:
-                    raise HostPoolError("the backup writer stopped with writes pending")
-                for done in completed:
-                    self._complete(done.ticket, done.stored)
-                continue
             if victim is None:
                 raise HostPoolError(
                     f"the device pool cannot hold {need} more tokens: every page is locked"
@@ -271,34 +467,50 @@ class TierCache:
             raise HostPoolError(f"the device pool cannot hold {need} more tokens")
         return slots
 
-    def _on_host(self, node: Node) -> bool:
-        """Whether storage pages may attach below ``node``, backing it up to the host if needed."""
-        return node.is_root or Tier.HOST in node.tiers or self._backup(node)
+    def _evictable_device_tokens(self) -> int:
+        return sum(
+            n.num_tokens
+            for n in self.tree.nodes()
+            if n.device_indices is not None and n.lock_ref == 0
+        )
 
     def _alloc_host(self, count: int) -> torch.Tensor | None:
+        """Allocate host slots, evicting host leaves to storage (written first when unstored)."""
         pool = self.host_pool
         if pool is None:
             return None
         while pool.allocator.available_size() < count:
             victim = next(self.tree.evictable(Tier.HOST), None)
             if victim is None:
-                return None
-            if not victim.stored and self.backend is not None:
-                self._store(victim)
+                if not self._writing or self.io is None:
+                    return None
+                for done in self.io.poll(timeout_s=_WRITE_WAIT_S):
+                    self._complete(done)
+                if not self.io.alive:
+                    return None
+                continue
+            if not victim.stored and self.io is not None and self._store_later(victim):
+                continue
+            if not victim.stored and self.io is not None:
+                self.stats.pages_dropped += victim.num_tokens // self.config.page_size
             pool.free(self.tree.evict_host(victim))
         return pool.alloc(count)
 
     # -- moves between tiers ----------------------------------------------------------------------
 
-    def _load(self, node: Node) -> None:
-        """L2→L1: copy a host-only node to fresh device slots."""
+    def _schedule_load(self, node: Node) -> None:
+        """L2→L1: give a host-only node device slots; its copy runs in the next forward."""
         host = node.host_indices
         if host is None or self.transfer is None:
             raise HostPoolError(f"{node!r} is not on the host")
         device = self.alloc_device(host.numel())
-        self.transfer.load(host, device)
         self.tree.attach_device(node, device)
+        self._loads.append((host, device))
         self.stats.pages_loaded += host.numel() // self.config.page_size
+
+    def _on_host(self, node: Node) -> bool:
+        """Whether ``node`` is a root or on the host, backing it up to the host if needed."""
+        return node.is_root or Tier.HOST in node.tiers or self._backup(node)
 
     def _backup(self, node: Node) -> bool:
         """L1→L2: copy a device node (and any ancestors not yet on the host) to the host.
@@ -314,85 +526,115 @@ class TierCache:
                 device = step.device_indices
                 host = self._alloc_host(step.num_tokens)
                 if device is None or host is None or self.transfer is None:
+                    if host is not None and self.host_pool is not None:
+                        self.host_pool.free(host)
                     return False
-                self.transfer.backup(device, host)
+                self.transfer.backup(device, host, max_gbps=self.config.backup_max_gbps)
                 self.tree.attach_host(step, host)
                 self.stats.pages_backed_up += step.num_tokens // self.config.page_size
             return True
         finally:
             self.tree.unlock(node)
 
-    def _store(self, node: Node) -> bool:
-        """L2→L3: write a host node's pages under their keys; mark it stored on success."""
-        host = node.host_indices
-        if host is None or self.backend is None:
-            return False
-        done = self.backend.batch_set_v1(self.scheme.keys(node.hashes), host)
-        if all(done):
-            self.tree.mark_stored(node)
-            self.stats.pages_stored += len(done)
-            return True
-        return False
-
-    def _fetch(
-        self,
-        anchor: Node,
-        prefix: tuple[int, ...],
-        matched: int,
-        hashes: list[str],
-        seed: str | None,
-    ) -> Node:
-        """L3→L2→L1: fetch the stored continuation of ``anchor`` and load it to the device."""
-        backend = self.backend
-        page = self.config.page_size
-        if backend is None or not hashes:
-            return anchor
-        per_page = self.scheme.keys_per_page
-        hit_pages = backend.batch_exists(self.scheme.keys(hashes)) // per_page
-        if hit_pages < self.config.prefetch_threshold:
-            return anchor
-        host = self._alloc_host(hit_pages * page)
-        if host is None:
-            return anchor
-        got = backend.batch_get_v1(self.scheme.keys(hashes[:hit_pages]), host)
-        loaded = next((i for i, ok in enumerate(got) if not ok), len(got))
-        if loaded < hit_pages:
-            self.stats.storage_misses += hit_pages - loaded
-            assert self.host_pool is not None
-            self.host_pool.free(host[loaded * page :])
-        if loaded == 0:
-            return anchor
-        tokens = prefix[matched : matched + loaded * page]
-        result = self.tree.insert_host(anchor, tokens, host[: loaded * page], stored=True)
-        self.tree.lock(result.node)
-        self.tree.unlock(anchor)
-        self.stats.pages_fetched += loaded
-        self.stats.storage_hit_tokens += loaded * page
-        for node in self.tree.path(result.node):
-            if not node.is_root and Tier.DEVICE not in node.tiers:
-                self._load(node)
-        return result.node
-
     def _write_through(self, node: Node) -> None:
-        """Back ``node``'s path up to the host and on to storage, where not there yet."""
+        """Back ``node``'s path up to the host and queue its unstored pages for storage."""
         if self.host_pool is None:
             return
-        if self._backup(node) and self.backend is not None:
+        if self._backup(node) and self.io is not None:
             for step in self.tree.path(node):
                 if not step.is_root and not step.stored and Tier.HOST in step.tiers:
-                    if self.writer is not None:
-                        self._store_later(step)
-                    else:
-                        self._store(step)
+                    self._store_later(step)
 
-    def _store_later(self, node: Node) -> None:
-        """Queue ``node``'s pages on the background writer, locked until the write completes."""
+    def _store_later(self, node: Node) -> bool:
+        """Queue a host node's pages for storage, its host copy pinned until written."""
         host = node.host_indices
-        if self.writer is None or host is None or id(node) in self._pending:
+        if self.io is None or host is None:
+            return False
+        if node.id in self._writing:
+            return True
+        ready = None
+        if self.device_pool.device.type == "cuda":
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record()
+            ready = event.synchronize
+        job = Backup(self.scheme.keys(node.hashes), host, node.id, ready)
+        if not self.io.backup(job):
+            return False
+        self.tree.pin_host(node)
+        self._writing[node.id] = (node, frozenset(node.hashes))
+        return True
+
+    def _complete(self, done: BackupDone) -> None:
+        """Apply a finished backup: unpin, and mark stored every node of it still in the tree."""
+        ticket = done.backup.ticket
+        assert isinstance(ticket, int)
+        node, hashes = self._writing.pop(ticket)
+        self.tree.unpin_host(node)
+        pages = len(hashes)
+        if not done.stored:
+            self.stats.backups_failed += pages
             return
-        self.tree.lock(node)
-        self._pending[id(node)] = node
-        job = BackupJob(node, self.scheme.keys(node.hashes), host.clone())
-        if not self.writer.submit(job):
-            del self._pending[id(node)]
-            self.tree.unlock(node)
+        self.stats.pages_stored += pages
+        self.stats.storage_bytes_written += pages * self.config.page_size * self.token_bytes
+        step: Node | None = node
+        while step is not None and not step.is_root and step.in_tree:
+            if not set(step.hashes) <= hashes:
+                break
+            self.tree.mark_stored(step)
+            step = step.parent
+
+    def _finish_fetch(self, lookup: Lookup) -> int:
+        """Stop a request's prefetch and put the pages it read on the host; return their tokens."""
+        fetch = lookup.fetch
+        if fetch is None:
+            return 0
+        lookup.fetch = None
+        page = self.config.page_size
+        read = fetch.cancel()
+        target = fetch.target_pages
+        self.stats.prefetch_pages_cut += max(target - read, 0)
+        hits = fetch.hit_pages or 0
+        if fetch.state is PrefetchState.FINISHED:
+            self.stats.storage_misses += max(hits - read, 0)
+        anchor = lookup.anchor
+        tokens = read * page
+        fresh = tokens
+        if tokens:
+            got = fetch.host_indices[:tokens]
+            result = self.tree.insert_host(
+                anchor,
+                lookup.tokens[lookup.anchor_len : lookup.anchor_len + tokens],
+                got,
+                stored=True,
+            )
+            if result.existing_len and self.host_pool is not None:
+                self.host_pool.free(got[: result.existing_len])
+            fresh -= result.existing_len
+            self.stats.pages_fetched += read
+            self.stats.storage_bytes_read += tokens * self.token_bytes
+        self._prefetch_held -= tokens
+        fetch.host_indices = fetch.host_indices[tokens:]
+        self._drain(fetch)
+        if not anchor.is_root:
+            self.tree.unpin_host(anchor)
+        return fresh
+
+    def _drain(self, fetch: Prefetch) -> None:
+        """Free a stopped prefetch's remaining host slots, once its last read has returned."""
+        self._draining.append(fetch)
+        self._reap()
+
+    def _reap(self) -> None:
+        still: list[Prefetch] = []
+        for fetch in self._draining:
+            if fetch.state is PrefetchState.FINISHED:
+                if fetch.host_indices.numel() and self.host_pool is not None:
+                    self.host_pool.free(fetch.host_indices)
+                self._prefetch_held -= fetch.host_indices.numel()
+            else:
+                still.append(fetch)
+        self._draining = still
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise HostPoolError("the cache is closed")

@@ -31,9 +31,12 @@ nothing:
    left on no tier by an eviction is always a leaf.
 5. Locks: ``lock(node)`` pins the node and its ancestors on every tier they are on;
    ``lock_ref`` counts the locks taken on a node and on its descendants. A locked node is never
-   evicted nor removed.
+   evicted nor removed. ``pin_host(node)`` pins only the node's host copy (a background write
+   or a prefetch anchored on it reads those slots); its device copy stays evictable, and its
+   ancestors stay on the host by rule 4.
 6. Eviction of a tier takes only the leaves of that tier's subtree: unlocked nodes on the tier
-   with no child on it (:meth:`RadixTree.evictable` yields them least recently used first).
+   with no child on it, and for the host no pin (:meth:`RadixTree.evictable` yields them least
+   recently used first).
 
 Splitting a node at a page boundary keeps the node object as the lower half and gives a new node
 the upper half, with the matching slices of every tier's indices and hashes, the same ``stored``
@@ -93,6 +96,7 @@ class Node:
         "_hit_count",
         "_host",
         "_host_children",
+        "_host_pins",
         "_id",
         "_in_tree",
         "_last_access",
@@ -123,6 +127,7 @@ class Node:
         self._stored = False
         self._device_children = 0
         self._host_children = 0
+        self._host_pins = 0
         self._lock_ref = 0
         self._hit_count = 0
         self._last_access = now
@@ -203,6 +208,11 @@ class Node:
     def lock_ref(self) -> int:
         """Return the number of locks taken on this node or a descendant."""
         return self._lock_ref
+
+    @property
+    def host_pins(self) -> int:
+        """Return how many :meth:`RadixTree.pin_host` pins hold the node's host copy."""
+        return self._host_pins
 
     @property
     def hit_count(self) -> int:
@@ -485,6 +495,33 @@ class RadixTree:
                 self._locked_tokens -= n.num_tokens
             self._refresh(n)
 
+    def pin_host(self, node: Node) -> None:
+        """Keep ``node``'s host copy (and so its ancestors') until :meth:`unpin_host`.
+
+        Raises
+        ------
+        RadixTreeError
+            ``node`` is a root, not in the tree or not on the host.
+        """
+        self._require_node(node, kv=True)
+        if node._host is None:
+            raise RadixTreeError(f"{node!r} is not on the host; only a host copy can be pinned")
+        node._host_pins += 1
+        self._refresh(node)
+
+    def unpin_host(self, node: Node) -> None:
+        """Release one :meth:`pin_host` pin of ``node``.
+
+        Raises
+        ------
+        RadixTreeError
+            ``node`` holds no host pin.
+        """
+        if node._host_pins == 0:
+            raise RadixTreeError(f"{node!r} has no host pin: unpin without a matching pin")
+        node._host_pins -= 1
+        self._refresh(node)
+
     # ---- tier transitions ----------------------------------------------------------------------
 
     def attach_device(self, node: Node, device_indices: torch.Tensor) -> None:
@@ -608,6 +645,7 @@ class RadixTree:
         hashes = tuple(page_hashes(node._tokens, ps, parent.last_hash))
         _ensure(node._hashes == hashes, f"{node!r} has stale hashes")
         _ensure(node._device is not None or node._host is not None, f"{node!r} on no tier")
+        _ensure(node._host_pins == 0 or node._host is not None, f"{node!r} pinned off the host")
         for tier, own, up in (
             (Tier.DEVICE, node._device, parent._device),
             (Tier.HOST, node._host, parent._host),
@@ -747,6 +785,8 @@ class RadixTree:
             raise RadixTreeError(f"{node!r} is not on the {tier.value}")
         if node._lock_ref:
             raise RadixTreeError(f"{node!r} is locked; unlock it before evicting")
+        if tier is Tier.HOST and node._host_pins:
+            raise RadixTreeError(f"{node!r} has its host copy pinned; unpin it before evicting")
         if (node._device_children if tier is Tier.DEVICE else node._host_children) > 0:
             raise RadixTreeError(
                 f"{node!r} has a child on the {tier.value}: evict the leaves of that tier first"
@@ -825,7 +865,7 @@ def _is_candidate(node: Node, tier: Tier) -> bool:
         return False
     if tier is Tier.DEVICE:
         return node._device is not None and node._device_children == 0
-    return node._host is not None and node._host_children == 0
+    return node._host is not None and node._host_children == 0 and node._host_pins == 0
 
 
 def _tier_indices(node: Node, tier: Tier) -> torch.Tensor | None:

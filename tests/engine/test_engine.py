@@ -6,15 +6,16 @@ import random
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from hicache_storage import FaultConfig, FaultRule, LayerConfig, StorageBackend, create_backend
-from hicache_storage.engine.backup import BackupWriter
-from hicache_storage.engine.cache import CacheConfig, TierCache, WritePolicy
+from hicache_storage.engine.cache import CacheConfig, TierCache
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.model import LlamaModel, ModelConfig
+from hicache_storage.engine.policies import PrefetchPolicy, WritePolicy
 from hicache_storage.errors import HostPoolError
 from hicache_storage.hostpool import MHAHostPool
 from hicache_storage.kernels import DevicePool
@@ -38,6 +39,7 @@ def build(
     backend: StorageBackend | None,
     policy: WritePolicy = WritePolicy.WRITE_THROUGH,
     layout: str = "layer_first",
+    **config: Any,
 ) -> TierCache:
     c = CONFIG
     device = DevicePool.mha(device_tokens, c.layers, c.kv_heads, c.head_dim, c.dtype)
@@ -46,7 +48,8 @@ def build(
         if host_tokens
         else None
     )
-    return TierCache(device, host, backend, CacheConfig(PAGE, write_policy=policy))
+    config.setdefault("prefetch_policy", PrefetchPolicy.WAIT_COMPLETE)
+    return TierCache(device, host, backend, CacheConfig(PAGE, write_policy=policy, **config))
 
 
 def conversations(rounds: int, clients: int, seed: int = 0) -> list[list[int]]:
@@ -63,11 +66,13 @@ def conversations(rounds: int, clients: int, seed: int = 0) -> list[list[int]]:
 
 
 def run(engine: Engine, prompts: list[list[int]], new: int = 4) -> list[list[int]]:
+    """Serve the prompts one after another, then close the engine (flushing its backups)."""
     outs = []
-    for prompt in prompts:
-        out = engine.generate(prompt, new)
-        prompt.extend(out)  # the next round of this conversation includes the answer
-        outs.append(out)
+    with engine:
+        for prompt in prompts:
+            out = engine.generate(prompt, new)
+            prompt.extend(out)  # the next round of this conversation includes the answer
+            outs.append(out)
     return outs
 
 
@@ -120,18 +125,20 @@ def test_a_lost_storage_page_is_recomputed(
 
 def test_namespaces_never_share_pages(model: LlamaModel) -> None:
     cache = build(256, 0, None)
-    engine = Engine(model, cache)
-    prompt = conversations(rounds=1, clients=1)[0]
-    engine.generate(prompt, 2)
-    engine.generate(prompt, 2, seed=namespace_seed(None, "tenant-b"))
-    assert cache.stats.device_hit_tokens == 0
-    engine.generate(prompt, 2)
-    assert cache.stats.device_hit_tokens > 0
+    with Engine(model, cache) as engine:
+        prompt = conversations(rounds=1, clients=1)[0]
+        engine.generate(prompt, 2)
+        engine.generate(prompt, 2, seed=namespace_seed(None, "tenant-b"))
+        assert cache.stats.device_hit_tokens == 0
+        engine.generate(prompt, 2)
+        assert cache.stats.device_hit_tokens > 0
 
 
 def test_a_device_pool_too_small_for_one_request_says_so(model: LlamaModel) -> None:
-    engine = Engine(model, build(8, 0, None))
-    with pytest.raises(HostPoolError, match="device pool cannot hold"):
+    with (
+        Engine(model, build(8, 0, None)) as engine,
+        pytest.raises(HostPoolError, match="needs 24 device slots; the pool has 8"),
+    ):
         engine.generate(list(range(20)), 4)
 
 
@@ -175,27 +182,13 @@ def test_background_writes_keep_the_tokens_and_leave_no_thread(
     before = {t.ident for t in threading.enumerate()}
     prompts = conversations(rounds=4, clients=3, seed=13)
     expected = run(Engine(model, None), [list(p) for p in prompts])
-    writer = BackupWriter(memory_backend, capacity=4)
-    cache = TierCache(
-        DevicePool.mha(64, CONFIG.layers, CONFIG.kv_heads, CONFIG.head_dim, CONFIG.dtype),
-        MHAHostPool(
-            48,
-            PAGE,
-            CONFIG.layers,
-            CONFIG.kv_heads,
-            CONFIG.head_dim,
-            CONFIG.dtype,
-            pin_memory=False,
-        ),
-        memory_backend,
-        CacheConfig(PAGE),
-        writer=writer,
-    )
+    cache = build(64, 48, memory_backend, write_queue=2)
+    assert len(cache.threads) == 3 and all(t.is_alive() for t in cache.threads)
     assert run(Engine(model, cache), [list(p) for p in prompts]) == expected
-    cache.close()
-    assert not writer.alive
+    assert not any(t.is_alive() for t in cache.threads)
     assert {t.ident for t in threading.enumerate()} <= before
-    assert cache.tree.locked_tokens == 0, "every pending write released its lock"
+    assert cache.tree.locked_tokens == 0
+    assert all(node.host_pins == 0 for node in cache.tree.nodes()), "every write unpinned"
     cache.tree.check()
     assert cache.stats.pages_stored > 0
     # A fresh engine is served from what the background writer stored.

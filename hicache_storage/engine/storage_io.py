@@ -1,0 +1,355 @@
+"""The storage tier's background threads: existence queries, reads (prefetch) and writes (backup).
+
+The scheduler thread owns the radix tree and the allocators; these threads only move bytes
+between the host pool and the backend and report what they did. A :class:`Prefetch` runs on two
+threads in turn: the query thread asks ``batch_exists`` how many of its pages storage holds, the
+read thread reads those pages in batches into host slots the scheduler allocated. A
+:class:`Backup` names host slots to write under their keys; the write queue is bounded, and a
+full queue refuses a backup rather than block the scheduler (the pages stay unstored and are
+written again when next backed up or evicted).
+
+Completions come back through :meth:`StorageIO.poll`, for the scheduler to apply to the tree.
+Nothing here raises into the scheduler: a backend error is a failed page, logged once per job.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from hicache_storage.backend import StorageBackend
+from hicache_storage.errors import ConfigError
+
+__all__ = ["Backup", "BackupDone", "Prefetch", "PrefetchState", "StorageIO"]
+
+logger = logging.getLogger(__name__)
+_STOP = object()
+
+
+class PrefetchState(enum.Enum):
+    """Where a :class:`Prefetch` is; only ever moves forward."""
+
+    QUERYING = "querying"
+    """Waiting for, or in, the existence query."""
+    READING = "reading"
+    """Reading the pages storage holds, batch by batch."""
+    FINISHED = "finished"
+    """No more reads: every hit page read, a read failed, or the fetch was cancelled."""
+
+
+class Prefetch:
+    """One L3→L2 fetch of a run of consecutive pages into host slots.
+
+    Parameters
+    ----------
+    keys
+        Storage keys of the pages, ``keys_per_page`` per page, in page order.
+    keys_per_page
+        Keys each page is stored under (several for a multi-object key scheme).
+    host_indices
+        Host slots of the pages' tokens, ``page_size`` per page; allocated by the scheduler and
+        not touched by it until the fetch is finished.
+    page_size
+        Tokens per page.
+    ticket
+        The scheduler's handle, returned untouched.
+
+    Notes
+    -----
+    Pages arrive in order, so the usable result is always a prefix: :meth:`cancel` returns how
+    many leading pages were read, and those slots are the caller's at once; the rest of the slots
+    are the caller's once the state is ``FINISHED`` (a batch may still be writing into them).
+    """
+
+    def __init__(
+        self,
+        keys: Sequence[str],
+        keys_per_page: int,
+        host_indices: torch.Tensor,
+        page_size: int,
+        ticket: object = None,
+    ) -> None:
+        if len(keys) % keys_per_page or host_indices.numel() != (
+            len(keys) // keys_per_page * page_size
+        ):
+            raise ConfigError(
+                f"{len(keys)} keys at {keys_per_page} per page do not match "
+                f"{host_indices.numel()} host slots at {page_size} per page"
+            )
+        self.keys = list(keys)
+        self.keys_per_page = keys_per_page
+        self.host_indices = host_indices
+        self.page_size = page_size
+        self.ticket = ticket
+        self.pages = len(keys) // keys_per_page
+        self.started = time.monotonic()
+        self._lock = threading.Lock()
+        self._state = PrefetchState.QUERYING
+        self._hit_pages: int | None = None
+        self._read_pages = 0
+        self._cancelled = False
+
+    @property
+    def state(self) -> PrefetchState:
+        """Where the fetch is."""
+        with self._lock:
+            return self._state
+
+    @property
+    def hit_pages(self) -> int | None:
+        """Leading pages storage holds, once the existence query answered."""
+        with self._lock:
+            return self._hit_pages
+
+    @property
+    def read_pages(self) -> int:
+        """Leading pages read into their host slots so far."""
+        with self._lock:
+            return self._read_pages
+
+    @property
+    def target_pages(self) -> int:
+        """Pages the fetch is after: the hits once known, else every page asked for."""
+        with self._lock:
+            return self.pages if self._hit_pages is None else self._hit_pages
+
+    def cancel(self) -> int:
+        """Stop reading further batches; return the leading pages read (final from now on)."""
+        with self._lock:
+            self._cancelled = True
+            if self._state is PrefetchState.QUERYING:
+                self._state = PrefetchState.FINISHED
+            return self._read_pages
+
+    # -- the threads' side ------------------------------------------------------------------------
+
+    def _queried(self, hit_pages: int) -> bool:
+        """Record the query's answer; return whether there is anything to read."""
+        with self._lock:
+            if self._cancelled or hit_pages == 0:
+                self._hit_pages = hit_pages
+                self._state = PrefetchState.FINISHED
+                return False
+            self._hit_pages = hit_pages
+            self._state = PrefetchState.READING
+            return True
+
+    def _next_batch(self, batch_pages: int) -> tuple[int, int] | None:
+        """Return the next ``[first, end)`` pages to read, or None (and finish) when done."""
+        with self._lock:
+            assert self._hit_pages is not None
+            if self._cancelled or self._read_pages >= self._hit_pages:
+                self._state = PrefetchState.FINISHED
+                return None
+            first = self._read_pages
+            return first, min(first + batch_pages, self._hit_pages)
+
+    def _read(self, pages: int, complete: bool) -> None:
+        """Count ``pages`` more pages read; an incomplete batch finishes the fetch."""
+        with self._lock:
+            if not self._cancelled:
+                self._read_pages += pages
+            if not complete:
+                self._state = PrefetchState.FINISHED
+
+    def _fail(self) -> None:
+        with self._lock:
+            self._state = PrefetchState.FINISHED
+
+
+@dataclass(frozen=True)
+class Backup:
+    """Host pages to write under their keys.
+
+    Attributes
+    ----------
+    keys
+        Storage keys, ``keys_per_page`` per page.
+    host_indices
+        Host slots of the pages' tokens.
+    ticket
+        The scheduler's handle, returned in the :class:`BackupDone`.
+    ready
+        Waited on before reading the host slots (the device→host copy that fills them).
+    """
+
+    keys: Sequence[str]
+    host_indices: torch.Tensor
+    ticket: object = None
+    ready: Callable[[], None] | None = None
+
+
+@dataclass(frozen=True)
+class BackupDone:
+    """The outcome of a :class:`Backup`: whether every page was written."""
+
+    backup: Backup
+    stored: bool
+
+
+class StorageIO:
+    """Three daemon threads over one backend: queries, reads and writes.
+
+    Parameters
+    ----------
+    backend
+        The storage backend, with the default layers (a failure is a miss, within the deadline).
+    read_batch_pages
+        Pages per ``batch_get_v1`` call of a fetch; smaller batches let a cancelled or timed-out
+        fetch stop sooner and let early pages be used sooner.
+    write_capacity
+        Most backups waiting at once; beyond it :meth:`backup` refuses.
+    """
+
+    def __init__(
+        self, backend: StorageBackend, *, read_batch_pages: int = 32, write_capacity: int = 64
+    ) -> None:
+        for name, value in (
+            ("read_batch_pages", read_batch_pages),
+            ("write_capacity", write_capacity),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        self.backend = backend
+        self.read_batch_pages = read_batch_pages
+        self.refused_backups = 0
+        self._queries: queue.Queue[object] = queue.Queue()
+        self._reads: queue.Queue[object] = queue.Queue()
+        self._writes: queue.Queue[object] = queue.Queue(write_capacity)
+        self._done: queue.Queue[BackupDone] = queue.Queue()
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=loop, name=f"hicache-l3-{name}", daemon=True)
+            for name, loop in (
+                ("query", self._query_loop),
+                ("read", self._read_loop),
+                ("write", self._write_loop),
+            )
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # -- the scheduler's side ---------------------------------------------------------------------
+
+    def prefetch(self, fetch: Prefetch) -> None:
+        """Start ``fetch``: query, then read what storage holds (a closed I/O finishes it empty)."""
+        if self._closed:
+            fetch.cancel()
+            return
+        self._queries.put(fetch)
+
+    def backup(self, job: Backup) -> bool:
+        """Queue ``job``; return False (and count it) when the queue is full or closed."""
+        if self._closed:
+            self.refused_backups += 1
+            return False
+        try:
+            self._writes.put_nowait(job)
+        except queue.Full:
+            self.refused_backups += 1
+            return False
+        return True
+
+    def poll(self, timeout_s: float = 0.0) -> list[BackupDone]:
+        """Return the backups finished since the last poll, waiting up to ``timeout_s`` for one."""
+        out: list[BackupDone] = []
+        if timeout_s > 0:
+            try:
+                out.append(self._done.get(timeout=timeout_s))
+            except queue.Empty:
+                return out
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                return out
+
+    @property
+    def alive(self) -> bool:
+        """Whether every thread is running."""
+        return all(thread.is_alive() for thread in self._threads)
+
+    @property
+    def threads(self) -> tuple[threading.Thread, ...]:
+        """The three threads (for a caller checking that none outlives :meth:`close`)."""
+        return tuple(self._threads)
+
+    def close(self, timeout_s: float | None = None) -> list[BackupDone]:
+        """Stop the threads, writing every queued backup first; return the unpolled outcomes.
+
+        Queued fetches are cancelled. ``timeout_s`` bounds the wait for each thread; the backend's
+        own deadline bounds each call, so the default waits only as long as the queued writes.
+        """
+        if not self._closed:
+            self._closed = True
+            for q in (self._queries, self._reads, self._writes):
+                q.put(_STOP)
+            for thread in self._threads:
+                thread.join(timeout_s)
+        return self.poll()
+
+    # -- the threads ------------------------------------------------------------------------------
+
+    def _query_loop(self) -> None:
+        while (item := self._queries.get()) is not _STOP:
+            assert isinstance(item, Prefetch)
+            if self._closed or item.state is PrefetchState.FINISHED:
+                item.cancel()
+                continue
+            try:
+                hits = self.backend.batch_exists(item.keys) // item.keys_per_page
+            except Exception:  # a query that fails finds nothing; the thread carries on
+                logger.exception("existence query of %d pages failed", item.pages)
+                hits = 0
+            if item._queried(min(hits, item.pages)):
+                self._reads.put(item)
+        self._reads.put(_STOP)
+
+    def _read_loop(self) -> None:
+        stops = 0
+        while stops < 2:
+            item = self._reads.get()
+            if item is _STOP:
+                stops += 1  # one from close(), one from the query thread: nothing more comes
+                continue
+            assert isinstance(item, Prefetch)
+            self._read(item)
+
+    def _read(self, fetch: Prefetch) -> None:
+        kpp, page = fetch.keys_per_page, fetch.page_size
+        while (batch := fetch._next_batch(self.read_batch_pages)) is not None:
+            if self._closed:
+                fetch.cancel()
+                continue
+            first, end = batch
+            try:
+                got = self.backend.batch_get_v1(
+                    fetch.keys[first * kpp : end * kpp],
+                    fetch.host_indices[first * page : end * page],
+                )
+            except Exception:  # a failed read is a miss of the rest of the fetch
+                logger.exception("read of %d pages failed", end - first)
+                fetch._fail()
+                return
+            ok_keys = next((i for i, ok in enumerate(got) if not ok), len(got))
+            fetch._read(ok_keys // kpp, ok_keys == len(got) == (end - first) * kpp)
+
+    def _write_loop(self) -> None:
+        while (item := self._writes.get()) is not _STOP:
+            assert isinstance(item, Backup)
+            try:
+                if item.ready is not None:
+                    item.ready()
+                done = self.backend.batch_set_v1(list(item.keys), item.host_indices)
+                stored = bool(done) and all(done)
+            except Exception:  # logged: one bad job must not stop the writer
+                logger.exception("backup of %d keys failed", len(item.keys))
+                stored = False
+            self._done.put(BackupDone(item, stored))
