@@ -13,6 +13,7 @@ from ..registry import PluginLoadWarning
 from .backends import backends_command
 from .bench import bench_command
 from .check import check_command
+from .engine import engine_group
 from .metadata_server import metadata_server_command
 
 __all__ = ["main"]
@@ -60,4 +61,5 @@ def main() -> None:
 main.add_command(backends_command)
 main.add_command(bench_command)
 main.add_command(check_command)
+main.add_command(engine_group)
 main.add_command(metadata_server_command)

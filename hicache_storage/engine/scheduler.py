@@ -201,6 +201,9 @@ class Scheduler:
 
     def close(self) -> None:
         """Drop waiting requests (their prefetches are stopped); running ones are released."""
+        load = self.cache.take_load()
+        if load is not None:  # slots the tree already counts as loaded must hold their KV
+            load.finish()
         while self.waiting:
             request = self.waiting.popleft()
             if request.lookup is not None:

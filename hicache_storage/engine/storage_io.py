@@ -145,6 +145,8 @@ class Prefetch:
         """Return the next ``[first, end)`` pages to read, or None (and finish) when done."""
         with self._lock:
             assert self._hit_pages is not None
+            if self._state is PrefetchState.FINISHED:
+                return None
             if self._cancelled or self._read_pages >= self._hit_pages:
                 self._state = PrefetchState.FINISHED
                 return None

@@ -1,0 +1,320 @@
+"""``hicache engine bench``: serve one workload over four cache configurations and compare them."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ..config import read_source
+from ..engine.bench import (
+    RUNS,
+    BenchConfig,
+    BenchResult,
+    Progress,
+    RunResult,
+    plot_ttft_by_round,
+    run_bench,
+)
+from ..engine.policies import PrefetchPolicy, WritePolicy
+from .options import backend_options
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["engine_group", "format_size", "render"]
+
+
+_ROUNDING = "; in reduced precision, rounding can flip greedy tokens (try --dtype float32)"
+
+
+def format_size(nbytes: int) -> str:
+    """Format a byte count in the largest IEC unit it reaches, to three figures (``1.2 MiB``)."""
+    for unit, scale in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes} B"
+
+
+def _same(run: RunResult) -> str:
+    if run.identical:
+        return "[green]yes[/]"
+    return f"[bold red]{run.matching_outputs}/{run.requests}[/]"
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:,.1f}"
+
+
+def render(result: BenchResult, console: Console) -> None:
+    """Print ``result``: tokens and traffic, latency and loads, then mean TTFT by round."""
+    from rich.table import Table
+
+    config = result.config
+    runs = result.runs
+    tokens = Table(
+        title=(
+            f"hicache engine bench: {config.workload}, {config.model} on {config.device}, "
+            f"backend {config.backend}, {runs[0].requests} requests"
+        ),
+        caption=(
+            f"prompt tokens; L1 pool {config.device_tokens:,} tokens "
+            f"({format_size(result.device_pool_bytes)}), L2 pool {config.host_tokens:,} tokens "
+            f"({format_size(result.host_pool_bytes)}); same: outputs equal to no-cache's"
+        ),
+    )
+    tokens.add_column("config", no_wrap=True)
+    for column in ("L1 hit", "L2 hit", "L3 hit", "computed", "reused", "forwards"):
+        tokens.add_column(column, justify="right")
+    tokens.add_column("same", justify="center")
+    for run in runs:
+        tokens.add_row(
+            run.name,
+            f"{run.device_hit_tokens:,}",
+            f"{run.host_hit_tokens:,}",
+            f"{run.storage_hit_tokens:,}",
+            f"{run.computed_tokens:,}",
+            f"{run.hit_tokens / run.prompt_tokens:.0%}" if run.prompt_tokens else "-",
+            f"{run.forwards:,}",
+            _same(run),
+        )
+    console.print(tokens)
+
+    latency = Table(
+        title="latency and throughput",
+        caption="TTFT in ms; tok/s over the run's wall time (out: generated, all: with prompts)",
+    )
+    latency.add_column("config", no_wrap=True)
+    for column in ("TTFT mean", "p50", "p90", "p99", "out tok/s", "all tok/s", "wall s"):
+        latency.add_column(column, justify="right")
+    for run in runs:
+        latency.add_row(
+            run.name,
+            _ms(run.ttft_mean_s),
+            _ms(run.ttft_p50_s),
+            _ms(run.ttft_p90_s),
+            _ms(run.ttft_p99_s),
+            f"{run.generated_tokens_per_s:,.0f}",
+            f"{run.total_tokens_per_s:,.0f}",
+            f"{run.wall_s:.2f}",
+        )
+    console.print(latency)
+
+    loads = Table(
+        title="storage traffic and L2→L1 loads",
+        caption=(
+            "exp.: load time the forward waited for (all of it on a CPU), per layer loaded "
+            "and as a share of the load time"
+        ),
+    )
+    loads.add_column("config", no_wrap=True)
+    for column in ("L3 read", "L3 write", "loads", "load ms", "exp. ms", "µs/layer", "exp. %"):
+        loads.add_column(column, justify="right")
+    for run in runs:
+        per_layer = run.exposed_per_layer_s
+        loads.add_row(
+            run.name,
+            format_size(run.storage_bytes_read),
+            format_size(run.storage_bytes_written),
+            f"{run.loads:,}",
+            _ms(run.load_s),
+            _ms(run.exposed_load_s),
+            "-" if per_layer is None else f"{per_layer * 1e6:,.0f}",
+            "-" if run.exposed_fraction is None else f"{run.exposed_fraction:.0%}",
+        )
+    console.print(loads)
+
+    rounds = max(len(run.ttft_by_round_s) for run in runs)
+    label = "round" if config.workload == "multiturn" else "query"
+    by_round = Table(title=f"mean TTFT (ms) by {label}")
+    by_round.add_column("config", no_wrap=True)
+    for i in range(rounds):
+        by_round.add_column(str(i), justify="right")
+    for run in runs:
+        by_round.add_row(run.name, *(_ms(t) for t in run.ttft_by_round_s))
+    console.print(by_round)
+    exact = result.model.get("dtype") == "float32"
+    for run in runs:
+        if not run.identical:
+            console.print(
+                f"[bold red]warning:[/] {run.name}: {run.requests - run.matching_outputs} of "
+                f"{run.requests} outputs differ from no-cache's ({run.matching_first_tokens} "
+                f"first tokens agree){'' if exact else _ROUNDING}",
+                highlight=False,
+            )
+        if run.storage_cleared is False:
+            console.print(
+                f"[yellow]note:[/] backend {config.backend} cannot clear; its L3 hits may "
+                "include pages of an earlier run",
+                highlight=False,
+            )
+
+
+@contextlib.contextmanager
+def _progress(console: Console) -> Iterator[Progress]:
+    """Show one bar per configuration (requests finished of all); yield the callback."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn("{task.description:<10}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as bar:
+        tasks = {name: bar.add_task(name, total=None, start=False) for name, _ in RUNS}
+
+        def advance(name: str, done: int, total: int) -> None:
+            task = tasks[name]
+            if done == 0:
+                bar.start_task(task)
+            bar.update(task, completed=done, total=total)
+
+        yield advance
+
+
+def _turn_tokens(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    if value is None:
+        return None
+    try:
+        low, high = (int(part) for part in value.split(","))
+    except ValueError:
+        raise click.BadParameter("expected LOW,HIGH, e.g. 32,128") from None
+    return (low, high)
+
+
+@click.group("engine")
+def engine_group() -> None:
+    """Run the tier engine: a real model over a device / host / storage KV cache."""
+
+
+@engine_group.command("bench")
+@click.option("--backend", default="memory", show_default=True, help="Storage backend (L3).")
+@click.option(
+    "--config", metavar="JSON|@FILE", help="The backend's options as JSON, or @path to a JSON file."
+)
+@click.option("--model", type=click.Choice(["tiny", "8b"]), default="tiny", show_default=True)
+@click.option(
+    "--workload",
+    type=click.Choice(["multiturn", "documents"]),
+    default="multiturn",
+    show_default=True,
+)
+@click.option("--clients", type=click.IntRange(min=1), help="Conversations, or documents.")
+@click.option("--rounds", type=click.IntRange(min=1), help="Rounds each, or queries per document.")
+@click.option("--system-tokens", type=click.IntRange(min=1), help="Shared system prompt.")
+@click.option(
+    "--turn-tokens", metavar="LOW,HIGH", callback=_turn_tokens, help="Length range of a turn."
+)
+@click.option("--document-tokens", type=click.IntRange(min=1), help="Length of a document.")
+@click.option("--question-tokens", type=click.IntRange(min=1), help="Length of a question.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), help="Tokens generated per request.")
+@click.option(
+    "--arrival-rate",
+    type=click.FloatRange(min=0),
+    help="Requests per second (Poisson arrivals); 0 for none (closed loop).",
+)
+@click.option("--device-tokens", type=click.IntRange(min=1), help="Device pool (L1) in tokens.")
+@click.option("--host-tokens", type=click.IntRange(min=1), help="Host pool (L2) in tokens.")
+@click.option("--page-size", type=click.IntRange(min=1), help="Tokens per page.")
+@click.option("--chunk-tokens", type=click.IntRange(min=1), help="Most tokens in one forward.")
+@click.option("--max-running", type=click.IntRange(min=1), help="Most requests in one batch.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=0),
+    help="Most requests in flight (closed loop); 0 for no bound.",
+)
+@click.option(
+    "--write-policy",
+    type=click.Choice([p.value for p in WritePolicy]),
+    default=WritePolicy.WRITE_THROUGH.value,
+    show_default=True,
+)
+@click.option(
+    "--prefetch-policy",
+    type=click.Choice([p.value for p in PrefetchPolicy]),
+    default=PrefetchPolicy.TIMEOUT.value,
+    show_default=True,
+)
+@click.option(
+    "--host-layout",
+    type=click.Choice(["layer_first", "page_first", "page_first_direct", "page_head"]),
+    default="layer_first",
+    show_default=True,
+)
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "bfloat16", "float16"]),
+    help="Model and pool dtype (default: the model's own).",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the workload.")
+@click.option(
+    "--json",
+    "json_path",
+    metavar="FILE",
+    help="Write the full result as JSON; '-' prints it instead of the tables.",
+)
+@click.option("--plot", "plot_path", metavar="FILE", help="Write a PNG of mean TTFT by round.")
+@click.option("--log-y", is_flag=True, help="Plot TTFT on a log scale.")
+@click.option("--force", is_flag=True, help="Run --model 8b on a CPU anyway.")
+def bench_command(
+    backend: str,
+    config: str | None,
+    model: str,
+    json_path: str | None,
+    plot_path: str | None,
+    log_y: bool,
+    force: bool,
+    arrival_rate: float | None,
+    concurrency: int | None,
+    **sizes: Any,
+) -> None:
+    """Serve one seeded workload with no cache, then L1, L1+L2 and L1+L2+L3, and compare.
+
+    The device pool is the same in every configuration and the host pool the same with and
+    without storage; the backend is cleared before its run. Unset sizes take the model's
+    defaults, which for `tiny` overflow the device and host pools in a few seconds on a CPU.
+    Without --config, a backend that needs a `root` or `path` runs in a temporary directory.
+    """
+    from rich.console import Console
+
+    if model == "8b" and sizes["device"] == "cpu" and not force:
+        raise click.UsageError(
+            "--model 8b is Llama-3-8B in bfloat16, for a GPU (--device cuda); on a CPU one "
+            "request takes minutes. Pass --force to run it anyway."
+        )
+    if plot_path is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise click.UsageError(
+                "--plot needs matplotlib: pip install 'hicache-storage[engine-bench]'"
+            ) from None
+    overrides = {key: value for key, value in sizes.items() if value is not None}
+    if arrival_rate is not None:
+        overrides["arrival_rate"] = arrival_rate or None
+    if concurrency is not None:
+        overrides["concurrency"] = concurrency or None
+    quiet = json_path == "-"
+    err = Console(stderr=True)
+    with backend_options(backend, config, "hicache-engine-bench-") as options:
+        bench = BenchConfig.for_model(
+            model,
+            backend=backend,
+            backend_config=read_source(options) if options is not None else None,
+            **overrides,
+        )
+        with _progress(err) as progress:
+            result = run_bench(bench, progress=progress)
+    if json_path == "-":
+        click.echo(result.to_json(indent=2).decode())
+    elif json_path is not None:
+        with open(json_path, "wb") as out:
+            out.write(result.to_json(indent=2))
+    if plot_path is not None:
+        plot_ttft_by_round(result, plot_path, log_y=log_y)
+    if not quiet:
+        render(result, Console())

@@ -1,0 +1,790 @@
+"""What each tier of the KV cache buys: one seeded workload served over four cache configurations.
+
+:func:`run_bench` builds one model and serves the same workload four times, each over fresh pools:
+
+1. ``no-cache``: every prompt token recomputed (``CacheConfig(prefix_cache=False)``);
+2. ``L1``: a radix cache on the device pool alone, which loses what it evicts;
+3. ``L1+L2``: the same device pool backed by a host pool;
+4. ``L1+L2+L3``: the same device and host pools backed by a storage backend, cleared first.
+
+The device pool is the same in every configuration and the host pool the same in the last two,
+so the differences between rows are what each tier adds. The workload is driven in wall-clock time:
+a turn is submitted once its arrival time has come, its client's previous turn has finished and
+(with a concurrency bound) a slot is free; it is stamped as arriving at the latest of the three,
+so TTFT includes queueing as it would in serving. On a GPU the copy kernels are compiled before
+each configuration's clock starts, so that no configuration pays for compiles in its load time.
+Every configuration must produce the no-cache configuration's tokens; :attr:`RunResult.identical`
+says whether it did (in bfloat16, rounding differences between a cached and a recomputed prefix
+may flip greedy tokens; :attr:`RunResult.matching_outputs` counts the requests that agree).
+
+The result is made of dataclasses that msgspec encodes: :meth:`BenchResult.to_json` and
+:meth:`BenchResult.from_json` round-trip it, with secrets in the backend options masked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib.metadata
+import platform
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import torch
+
+from hicache_storage.backend import StorageBackend
+from hicache_storage.errors import ConfigError, MissingDependencyError, UnsupportedOperationError
+from hicache_storage.factory import create_backend
+from hicache_storage.hostpool import MHAHostPool
+from hicache_storage.kernels import DevicePool
+from hicache_storage.redact import redact_options
+
+from .cache import CacheConfig, TierCache
+from .engine import Engine
+from .model import LlamaModel, ModelConfig
+from .policies import PrefetchPolicy, WritePolicy
+from .scheduler import Request
+from .workloads import Conversation, DocumentQueries, MultiTurn, Turn
+
+__all__ = [
+    "RUNS",
+    "BenchConfig",
+    "BenchResult",
+    "Progress",
+    "RequestRecord",
+    "RunResult",
+    "plot_ttft_by_round",
+    "run_bench",
+]
+
+Progress = Callable[[str, int, int], None]
+"""Called with a configuration's name, its finished requests and its total requests."""
+
+RUNS: tuple[tuple[str, str], ...] = (
+    ("no-cache", "every prompt token recomputed"),
+    ("L1", "device radix cache"),
+    ("L1+L2", "device + host pool"),
+    ("L1+L2+L3", "device + host pool + storage"),
+)
+"""The four configurations, in the order they run: name and description."""
+
+_MODELS: dict[str, Callable[[], ModelConfig]] = {
+    "tiny": ModelConfig.tiny,
+    "8b": ModelConfig.llama3_8b,
+}
+
+_WARM_COUNTS = 64
+"""Page counts up to which every count of a copy is compiled ahead (see ``_warm_transfer``)."""
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    # 8 histories growing to ~200 tokens (~1.4k distinct tokens in all) against a 256-token
+    # device pool and a 512-token host pool (which also holds copies of device pages): L1 keeps
+    # the system prompt and the latest histories, L2 a few more, L3 the rest. Two requests in
+    # flight at a time, closed loop; a few seconds on a CPU.
+    "tiny": {
+        "clients": 8,
+        "rounds": 4,
+        "system_tokens": 48,
+        "turn_tokens": (16, 40),
+        "document_tokens": 128,
+        "question_tokens": 16,
+        "max_new_tokens": 8,
+        "device_tokens": 256,
+        "host_tokens": 512,
+        "page_size": 8,
+        "chunk_tokens": 256,
+        "concurrency": 2,
+    },
+    # Llama-3-8B (128 KiB of KV a token) on one large GPU: 16 histories growing to ~5k tokens
+    # (~57k distinct tokens, 7 GiB of KV) against a 2 GiB device pool and a 4 GiB host pool.
+    "8b": {
+        "clients": 16,
+        "rounds": 6,
+        "system_tokens": 2048,
+        "turn_tokens": (256, 768),
+        "document_tokens": 8192,
+        "question_tokens": 64,
+        "max_new_tokens": 64,
+        "device_tokens": 16384,
+        "host_tokens": 32768,
+        "page_size": 64,
+        "chunk_tokens": 8192,
+        "concurrency": 4,
+    },
+}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Everything that defines a benchmark run; the defaults are the ``tiny`` model's.
+
+    :meth:`for_model` gives another model's default sizes.
+
+    Attributes
+    ----------
+    backend, backend_config
+        The storage backend of ``L1+L2+L3`` and its options (see
+        :func:`~hicache_storage.create_backend`); it is built with the default layers.
+    model
+        ``tiny`` (a CPU-sized float32 model) or ``8b`` (Llama-3-8B's shape in bfloat16).
+    workload
+        ``multiturn`` (:class:`~hicache_storage.engine.workloads.MultiTurn`) or ``documents``
+        (:class:`~hicache_storage.engine.workloads.DocumentQueries`).
+    clients, rounds
+        Conversations and rounds each; or documents and queries of each document, a document's
+        queries sent one after another (query ``i`` is round ``i``).
+    system_tokens, turn_tokens
+        Multi-turn: the shared system prompt and the (low, high) length of a new turn.
+    document_tokens, question_tokens
+        Documents: a document's length and a question's.
+    max_new_tokens
+        Tokens generated per request.
+    arrival_rate
+        Requests per second of a Poisson arrival process; None sends every first turn at once.
+    device_tokens, host_tokens, page_size
+        Device pool (L1) and host pool (L2) sizes in tokens, and tokens per page.
+    write_policy, prefetch_policy
+        The cache's policies, by their SGLang names.
+    host_layout
+        The host pool's layout.
+    chunk_tokens, max_running
+        The scheduler's prefill chunk and batch bounds.
+    concurrency
+        Most requests in flight (submitted, not finished); None for no bound. With 1 and no
+        ``arrival_rate`` the turns run one at a time in order, and the hits are deterministic.
+    device
+        Where the model and the device pool live (``cpu`` or ``cuda``, ``cuda:1``...).
+    dtype
+        The model's and the pools' dtype (``float32``, ``bfloat16``, ``float16``); None for the
+        model's own (float32 for ``tiny``, bfloat16 for ``8b``). In bfloat16 a cached prefix and
+        a recomputed one differ in rounding, which can change greedy tokens of random weights.
+    seed
+        Seed of the workload (the model's weights are always seeded 0).
+    """
+
+    backend: str = "memory"
+    backend_config: dict[str, Any] | None = None
+    model: str = "tiny"
+    workload: str = "multiturn"
+    clients: int = 8
+    rounds: int = 4
+    system_tokens: int = 48
+    turn_tokens: tuple[int, int] = (16, 40)
+    document_tokens: int = 128
+    question_tokens: int = 16
+    max_new_tokens: int = 8
+    arrival_rate: float | None = None
+    device_tokens: int = 256
+    host_tokens: int = 512
+    page_size: int = 8
+    write_policy: str = WritePolicy.WRITE_THROUGH.value
+    prefetch_policy: str = PrefetchPolicy.TIMEOUT.value
+    host_layout: str = "layer_first"
+    chunk_tokens: int = 256
+    max_running: int = 64
+    concurrency: int | None = 2
+    device: str = "cpu"
+    dtype: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.model not in _MODELS:
+            raise ConfigError(f"model must be one of {sorted(_MODELS)}, got {self.model!r}")
+        if self.workload not in ("multiturn", "documents"):
+            raise ConfigError(f"workload must be multiturn or documents, got {self.workload!r}")
+        for name in (
+            "clients",
+            "rounds",
+            "system_tokens",
+            "document_tokens",
+            "question_tokens",
+            "max_new_tokens",
+            "device_tokens",
+            "host_tokens",
+            "page_size",
+            "chunk_tokens",
+            "max_running",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        low, high = self.turn_tokens
+        if not 1 <= low <= high:
+            raise ConfigError(
+                f"turn_tokens must be (low, high) with 1 <= low <= high, got {low, high}"
+            )
+        if self.concurrency is not None and (
+            isinstance(self.concurrency, bool)
+            or not isinstance(self.concurrency, int)
+            or self.concurrency < 1
+        ):
+            raise ConfigError(
+                f"concurrency must be a positive int or None, got {self.concurrency!r}"
+            )
+        if self.arrival_rate is not None and not self.arrival_rate > 0:
+            raise ConfigError(f"arrival_rate must be positive, got {self.arrival_rate}")
+        for name, size in (
+            ("device_tokens", self.device_tokens),
+            ("host_tokens", self.host_tokens),
+        ):
+            if size % self.page_size:
+                raise ConfigError(f"{name} ({size}) must be whole {self.page_size}-token pages")
+        try:
+            WritePolicy(self.write_policy)
+            PrefetchPolicy(self.prefetch_policy)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if self.dtype is not None and self.dtype not in _DTYPES:
+            raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        try:
+            torch.device(self.device)
+        except RuntimeError as exc:
+            raise ConfigError(f"invalid device {self.device!r}: {exc}") from None
+
+    @classmethod
+    def for_model(cls, model: str, **overrides: Any) -> BenchConfig:
+        """Return the config of ``model`` with its default sizes; ``overrides`` replace fields.
+
+        Raises
+        ------
+        ConfigError
+            If ``model`` is unknown or a field is invalid.
+        """
+        if model not in _MODEL_DEFAULTS:
+            raise ConfigError(f"model must be one of {sorted(_MODEL_DEFAULTS)}, got {model!r}")
+        return cls(model=model, **{**_MODEL_DEFAULTS[model], **overrides})
+
+    def model_config(self) -> ModelConfig:
+        """Return the model's shape (in ``dtype`` when set)."""
+        shape = _MODELS[self.model]()
+        if self.dtype is None:
+            return shape
+        return dataclasses.replace(shape, dtype=_DTYPES[self.dtype])
+
+    def turns(self, vocab_size: int) -> list[Turn]:
+        """Return the workload's turns in arrival order (the same for every configuration)."""
+        if self.workload == "multiturn":
+            return list(
+                MultiTurn(
+                    self.clients,
+                    self.rounds,
+                    system_tokens=self.system_tokens,
+                    turn_tokens=self.turn_tokens,
+                    max_new_tokens=self.max_new_tokens,
+                    vocab_size=vocab_size,
+                    rate_per_s=self.arrival_rate,
+                    seed=self.seed,
+                ).turns()
+            )
+        docs = DocumentQueries(
+            self.clients,
+            self.rounds,
+            document_tokens=self.document_tokens,
+            question_tokens=self.question_tokens,
+            max_new_tokens=self.max_new_tokens,
+            vocab_size=vocab_size,
+            seed=self.seed,
+        )
+        # Query i of document d becomes round i of client d, so TTFT by round shows reuse.
+        rng = random.Random(self.seed + 1)
+        clock = 0.0
+        turns = []
+        for turn in docs.turns():
+            if self.arrival_rate is not None:
+                clock += rng.expovariate(self.arrival_rate)
+            turns.append(
+                dataclasses.replace(
+                    turn,
+                    client=turn.client % self.clients,
+                    round=turn.client // self.clients,
+                    arrival_s=clock,
+                )
+            )
+        return turns
+
+
+@dataclass
+class RequestRecord:
+    """One served turn: who, when (seconds from the start), what the cache gave, its output."""
+
+    client: int
+    round: int
+    arrival_s: float
+    ttft_s: float
+    finished_s: float
+    prompt_tokens: int
+    device_hit: int
+    host_hit: int
+    storage_hit: int
+    output: list[int]
+
+
+@dataclass
+class RunResult:
+    """What one configuration did: hits, latency, throughput, storage traffic, loads.
+
+    ``identical`` says whether every output equals the no-cache configuration's;
+    ``matching_outputs`` and ``matching_first_tokens`` count the requests whose whole output,
+    or first token, does. Token counts are prompt tokens: ``computed_tokens`` were prefilled,
+    the hits were reused.
+    Times are seconds; ``ttft_by_round_s[i]`` is the mean TTFT of round ``i``. The exposed load
+    time is what the forward waited for L2→L1 loads (all of it on a CPU); per layer it is over
+    every layer of every load, and the fraction is exposed over total load time (None without
+    loads). ``cache`` is the cache's :class:`~hicache_storage.engine.cache.CacheStats`.
+    """
+
+    name: str
+    description: str
+    identical: bool
+    matching_outputs: int
+    matching_first_tokens: int
+    requests: int
+    prompt_tokens: int
+    generated_tokens: int
+    computed_tokens: int
+    device_hit_tokens: int
+    host_hit_tokens: int
+    storage_hit_tokens: int
+    ttft_mean_s: float
+    ttft_p50_s: float
+    ttft_p90_s: float
+    ttft_p99_s: float
+    ttft_by_round_s: list[float | None]
+    wall_s: float
+    generated_tokens_per_s: float
+    total_tokens_per_s: float
+    storage_bytes_read: int
+    storage_bytes_written: int
+    loads: int
+    load_s: float
+    exposed_load_s: float
+    exposed_per_layer_s: float | None
+    exposed_fraction: float | None
+    forwards: int
+    storage_cleared: bool | None
+    cache: dict[str, int | float]
+    records: list[RequestRecord] = field(repr=False)
+
+    @property
+    def hit_tokens(self) -> int:
+        """Prompt tokens reused from any tier."""
+        return self.device_hit_tokens + self.host_hit_tokens + self.storage_hit_tokens
+
+
+@dataclass
+class BenchResult:
+    """A benchmark's configuration, model, machine and the four configurations' results."""
+
+    config: BenchConfig
+    model: dict[str, Any]
+    environment: dict[str, Any]
+    device_pool_bytes: int
+    host_pool_bytes: int
+    runs: list[RunResult]
+
+    def run(self, name: str) -> RunResult:
+        """Return the result of configuration ``name`` (one of :data:`RUNS`)."""
+        for result in self.runs:
+            if result.name == name:
+                return result
+        raise KeyError(name)
+
+    def to_json(self, *, indent: int = 0) -> bytes:
+        """Return the result as JSON (``indent`` spaces per level), backend secrets masked."""
+        options = self.config.backend_config
+        config = dataclasses.replace(
+            self.config, backend_config=None if options is None else redact_options(options)
+        )
+        data = msgspec.json.encode(dataclasses.replace(self, config=config))
+        return msgspec.json.format(data, indent=indent) if indent else data
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> BenchResult:
+        """Read a result written by :meth:`to_json`."""
+        return msgspec.json.decode(data, type=cls)
+
+
+def run_bench(
+    config: BenchConfig,
+    *,
+    progress: Progress | None = None,
+    runs: Sequence[str] | None = None,
+) -> BenchResult:
+    """Serve ``config``'s workload over the four cache configurations and measure each.
+
+    Parameters
+    ----------
+    config
+        The run (see :class:`BenchConfig`).
+    progress
+        Called after every finished request (and once at the start of each configuration).
+    runs
+        Names of the configurations to run (default: all of :data:`RUNS`); ``no-cache`` always
+        runs, as the others are checked against its tokens.
+
+    Raises
+    ------
+    ConfigError
+        If a request of the workload could not fit in the device pool.
+    """
+    wanted = {name for name, _ in RUNS} if runs is None else {"no-cache", *runs}
+    unknown = wanted - {name for name, _ in RUNS}
+    if unknown:
+        raise ConfigError(
+            f"unknown configurations {sorted(unknown)}; known: {[n for n, _ in RUNS]}"
+        )
+    shape = config.model_config()
+    turns = config.turns(shape.vocab_size)
+    _check_fits(config, turns)
+    device = torch.device(config.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {config.device!r} asked for, but torch sees no CUDA device")
+    model = LlamaModel(shape, device)
+    model.generate_no_cache(list(turns[0].new_tokens[: config.page_size]), 2)  # warm up kernels
+    results: list[RunResult] = []
+    reference: dict[tuple[int, int], list[int]] | None = None
+    for name, description in RUNS:
+        if name not in wanted:
+            continue
+        result = _serve(config, name, description, model, turns, progress)
+        outputs = {(r.client, r.round): r.output for r in result.records}
+        if reference is None:
+            reference = outputs
+        result.identical = outputs == reference
+        result.matching_outputs = sum(reference.get(key) == out for key, out in outputs.items())
+        result.matching_first_tokens = sum(
+            key in reference and reference[key][:1] == out[:1] for key, out in outputs.items()
+        )
+        results.append(result)
+    token_bytes = shape.kv_bytes_per_token
+    return BenchResult(
+        config=config,
+        model=_describe_model(config.model, shape),
+        environment=_environment(device),
+        device_pool_bytes=config.device_tokens * token_bytes,
+        host_pool_bytes=config.host_tokens * token_bytes,
+        runs=results,
+    )
+
+
+def _check_fits(config: BenchConfig, turns: Sequence[Turn]) -> None:
+    """Refuse a workload whose longest request exceeds the device pool, before any work."""
+    history: dict[int, int] = {}
+    page = config.page_size
+    for turn in turns:
+        prior = history.get(turn.client, 0) if config.workload == "multiturn" else 0
+        total = prior + len(turn.new_tokens) + turn.max_new_tokens - 1
+        need = -(-total // page) * page
+        if need > config.device_tokens:
+            raise ConfigError(
+                f"round {turn.round} of client {turn.client} needs {need} device slots but the "
+                f"device pool has {config.device_tokens}; raise device_tokens or shorten the "
+                f"workload"
+            )
+        history[turn.client] = prior + len(turn.new_tokens) + turn.max_new_tokens
+
+
+def _build_cache(config: BenchConfig, name: str, backend: StorageBackend | None) -> TierCache:
+    shape = config.model_config()
+    device = torch.device(config.device)
+    pool = DevicePool.mha(
+        config.device_tokens, shape.layers, shape.kv_heads, shape.head_dim, shape.dtype, device
+    )
+    host = None
+    if name in ("L1+L2", "L1+L2+L3"):
+        host = MHAHostPool(
+            config.host_tokens,
+            config.page_size,
+            shape.layers,
+            shape.kv_heads,
+            shape.head_dim,
+            shape.dtype,
+            config.host_layout,
+            device.type == "cuda",
+        )
+    cache_config = CacheConfig(
+        config.page_size,
+        prefix_cache=name != "no-cache",
+        write_policy=WritePolicy(config.write_policy),
+        prefetch_policy=PrefetchPolicy(config.prefetch_policy),
+    )
+    return TierCache(pool, host, backend, cache_config)
+
+
+def _serve(
+    config: BenchConfig,
+    name: str,
+    description: str,
+    model: LlamaModel,
+    turns: Sequence[Turn],
+    progress: Progress | None,
+) -> RunResult:
+    """Serve ``turns`` over configuration ``name`` on fresh pools (and a cleared backend)."""
+    backend = None
+    cleared: bool | None = None
+    if name == "L1+L2+L3":
+        backend = create_backend(config.backend, config.backend_config)
+        try:
+            backend.clear()
+            cleared = True
+        except UnsupportedOperationError:
+            cleared = False
+    try:
+        cache = _build_cache(config, name, backend)
+        _warm_transfer(cache)
+        with Engine(
+            model, cache, chunk_tokens=config.chunk_tokens, max_running=config.max_running
+        ) as engine:
+            assert engine.scheduler is not None
+            if progress is not None:
+                progress(name, 0, len(turns))
+            start, records, end = _drive(engine, config, turns, name, progress)
+            forwards = engine.scheduler.forwards
+        # Closed: queued backups are written, so the storage stats are final.
+        if torch.device(config.device).type == "cuda":
+            torch.cuda.synchronize(config.device)
+    finally:
+        if backend is not None:
+            backend.close()
+    return _summarise(name, description, records, end - start, forwards, cache, cleared)
+
+
+def _warm_transfer(cache: TierCache) -> None:
+    """Compile the GPU copy kernels for the copies the run will make, before the clock starts.
+
+    Triton specialises the kernel on the token count's size class and on integer arguments
+    (the first layer, counts divisible by 16), so copies of a new kind compile on first use;
+    unwarmed, those compiles land in the first configuration with a host pool as seconds of
+    load time. This copies every page count up to ``_WARM_COUNTS`` pages (then powers of two),
+    all layers at once (backups) and layer by layer (loads). The slots are free: contents
+    are garbage and nothing reads them.
+    """
+    transfer = cache.transfer
+    if transfer is None or cache.device_pool.device.type != "cuda":
+        return
+    page = cache.config.page_size
+    limit = min(cache.device_pool.size, transfer.host.size) // page
+    counts = list(range(1, min(limit, _WARM_COUNTS) + 1))
+    while counts[-1] * 2 <= limit:
+        counts.append(counts[-1] * 2)
+    for count in counts:
+        slots = torch.arange(count * page, dtype=torch.int64, device=cache.device_pool.device)
+        transfer.backup(slots, slots)
+        for layer in range(cache.device_pool.layer_num):
+            transfer.load(slots, slots, layer=layer)
+    torch.cuda.synchronize(cache.device_pool.device)
+
+
+def _drive(
+    engine: Engine,
+    config: BenchConfig,
+    turns: Sequence[Turn],
+    name: str,
+    progress: Progress | None,
+) -> tuple[float, list[RequestRecord], float]:
+    """Submit turns in order once due, their client free and a slot free; step until all finish.
+
+    A turn's arrival stamp is the latest of its scheduled time, its client's previous finish and
+    (with ``concurrency``) the finish that freed its slot: when its client would have sent it.
+    """
+    scheduler = engine.scheduler
+    assert scheduler is not None
+    limit = config.concurrency or len(turns)
+    pending = list(turns)
+    conversations: dict[int, Conversation] = {}
+    busy: set[int] = set()
+    freed_at: dict[int, float] = {}
+    slot_freed_at = 0.0
+    records: list[RequestRecord] = []
+    clock = scheduler.clock
+    start = clock()
+    end = start
+    while len(records) < len(turns):
+        now = clock()
+        blocked: set[int] = set(busy)  # a client's turns go in order: skip it after its first
+        for turn in list(pending):
+            if len(busy) >= limit:
+                break
+            if turn.client in blocked or start + turn.arrival_s > now:
+                blocked.add(turn.client)
+                continue
+            pending.remove(turn)
+            conversation = conversations.setdefault(turn.client, Conversation())
+            prompt = (
+                conversation.prompt(turn)
+                if config.workload == "multiturn"
+                else list(turn.new_tokens)
+            )
+            arrival = max(start + turn.arrival_s, freed_at.get(turn.client, start), slot_freed_at)
+            scheduler.submit(Request(prompt, turn.max_new_tokens, tag=turn), arrival=arrival)
+            busy.add(turn.client)
+            blocked.add(turn.client)
+        finished = scheduler.step()
+        for request in finished:
+            done = request.tag
+            assert isinstance(done, Turn)
+            assert request.first_token_at is not None and request.finished_at is not None
+            conversations[done.client].answer(done, request.output)
+            if len(busy) >= limit:
+                slot_freed_at = request.finished_at
+            busy.discard(done.client)
+            freed_at[done.client] = request.finished_at
+            end = max(end, request.finished_at)
+            records.append(
+                RequestRecord(
+                    client=done.client,
+                    round=done.round,
+                    arrival_s=request.arrival - start,
+                    ttft_s=request.first_token_at - request.arrival,
+                    finished_s=request.finished_at - start,
+                    prompt_tokens=len(request.prompt),
+                    device_hit=request.device_hit,
+                    host_hit=request.host_hit,
+                    storage_hit=request.storage_hit,
+                    output=list(request.output),
+                )
+            )
+            if progress is not None:
+                progress(name, len(records), len(turns))
+        if not finished and not scheduler.running:
+            _idle(scheduler.idle, pending, busy, start, clock())
+    return start, records, end
+
+
+def _idle(idle: bool, pending: list[Turn], busy: set[int], start: float, now: float) -> None:
+    """Sleep until the next due turn when nothing runs (briefly while prefetches are waited)."""
+    if not idle:
+        time.sleep(0.001)
+        return
+    due = [start + turn.arrival_s for turn in pending if turn.client not in busy]
+    if due:
+        time.sleep(min(max(min(due) - now, 0.0), 0.05))
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else 0.0
+
+
+def _summarise(
+    name: str,
+    description: str,
+    records: list[RequestRecord],
+    wall_s: float,
+    forwards: int,
+    cache: TierCache,
+    cleared: bool | None,
+) -> RunResult:
+    stats = cache.stats
+    ttfts = [r.ttft_s for r in records]
+    by_round: dict[int, list[float]] = {}
+    for record in records:
+        by_round.setdefault(record.round, []).append(record.ttft_s)
+    rounds = max(by_round, default=-1) + 1
+    prompt = sum(r.prompt_tokens for r in records)
+    generated = sum(len(r.output) for r in records)
+    hits = sum(r.device_hit + r.host_hit + r.storage_hit for r in records)
+    wall = max(wall_s, 1e-9)
+    return RunResult(
+        name=name,
+        description=description,
+        identical=True,
+        matching_outputs=len(records),
+        matching_first_tokens=len(records),
+        requests=len(records),
+        prompt_tokens=prompt,
+        generated_tokens=generated,
+        computed_tokens=prompt - hits,
+        device_hit_tokens=sum(r.device_hit for r in records),
+        host_hit_tokens=sum(r.host_hit for r in records),
+        storage_hit_tokens=sum(r.storage_hit for r in records),
+        ttft_mean_s=float(np.mean(ttfts)) if ttfts else 0.0,
+        ttft_p50_s=_percentile(ttfts, 50),
+        ttft_p90_s=_percentile(ttfts, 90),
+        ttft_p99_s=_percentile(ttfts, 99),
+        ttft_by_round_s=[
+            float(np.mean(by_round[i])) if i in by_round else None for i in range(rounds)
+        ],
+        wall_s=wall_s,
+        generated_tokens_per_s=generated / wall,
+        total_tokens_per_s=(prompt + generated) / wall,
+        storage_bytes_read=stats.storage_bytes_read,
+        storage_bytes_written=stats.storage_bytes_written,
+        loads=stats.loads,
+        load_s=stats.load_s,
+        exposed_load_s=stats.exposed_load_s,
+        exposed_per_layer_s=stats.exposed_load_s / stats.layer_loads if stats.layer_loads else None,
+        exposed_fraction=stats.exposed_load_s / stats.load_s if stats.load_s > 0 else None,
+        forwards=forwards,
+        storage_cleared=cleared,
+        cache=dataclasses.asdict(stats),
+        records=records,
+    )
+
+
+def _describe_model(name: str, shape: ModelConfig) -> dict[str, Any]:
+    fields = {f.name: getattr(shape, f.name) for f in dataclasses.fields(shape)}
+    fields["dtype"] = str(shape.dtype).removeprefix("torch.")
+    return {"name": name, **fields, "kv_bytes_per_token": shape.kv_bytes_per_token}
+
+
+def _environment(device: torch.device) -> dict[str, Any]:
+    try:
+        version = importlib.metadata.version("hicache-storage")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    info: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "hicache_storage": version,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": str(torch.__version__),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device),
+        "device_name": platform.processor() or platform.machine(),
+    }
+    if device.type == "cuda":
+        info["device_name"] = torch.cuda.get_device_name(device)
+        info["cuda"] = str(torch.version.cuda)
+    return info
+
+
+def plot_ttft_by_round(result: BenchResult, path: str | Path, *, log_y: bool = False) -> None:
+    """Write a PNG of each configuration's mean TTFT per round to ``path``.
+
+    Raises
+    ------
+    MissingDependencyError
+        If matplotlib is not installed (``pip install 'hicache-storage[engine-bench]'``).
+    """
+    try:
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "the TTFT plot needs matplotlib: pip install 'hicache-storage[engine-bench]'"
+        ) from exc
+    figure = Figure(figsize=(7, 4.2), layout="constrained")
+    axes = figure.add_subplot()
+    for run in result.runs:
+        points = [(i, t * 1e3) for i, t in enumerate(run.ttft_by_round_s) if t is not None]
+        axes.plot([i for i, _ in points], [ms for _, ms in points], marker="o", label=run.name)
+    config = result.config
+    axes.set_xlabel("round" if config.workload == "multiturn" else "query of each document")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_ylabel("mean TTFT (ms)")
+    if log_y:
+        axes.set_yscale("log")
+    axes.set_title(
+        f"{config.workload}, model {config.model} on {config.device}, backend {config.backend}"
+    )
+    axes.grid(True, alpha=0.3)
+    axes.legend()
+    figure.savefig(str(path), dpi=120)

@@ -1,0 +1,416 @@
+"""The storage threads: prefetches read in batches, backups write, close flushes and joins."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import pytest
+import torch
+
+from hicache_storage import FaultConfig, FaultRule, LayerConfig, StorageBackend, create_backend
+from hicache_storage.engine.storage_io import Backup, BackupDone, Prefetch, PrefetchState, StorageIO
+from hicache_storage.errors import ConfigError
+from hicache_storage.hostpool import MHAHostPool
+from hicache_storage.layers import ForwardingBackend
+
+from ._child import PAGE, host_pool
+
+WAIT_S = 5.0
+
+
+class Spy(ForwardingBackend):
+    """Record the page calls; hold them at a gate; make them raise or claim more than is stored."""
+
+    def __init__(self, inner: StorageBackend) -> None:
+        super().__init__(inner)
+        self.gets: list[int] = []
+        self.sets: list[int] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+        self.raising: set[str] = set()
+        self.claim_all = False
+        self.fail_second_set = False
+
+    def _call(self, op: str) -> None:
+        self.entered.set()
+        assert self.gate.wait(WAIT_S), "the test never opened the gate"
+        if op in self.raising:
+            raise RuntimeError(f"{op} broke")
+
+    def batch_exists(self, keys: Sequence[str]) -> int:
+        self._call("batch_exists")
+        return len(keys) if self.claim_all else self.inner.batch_exists(keys)
+
+    def batch_get_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        self.gets.append(len(keys))
+        self._call("batch_get_v1")
+        return self.inner.batch_get_v1(keys, host_indices)
+
+    def batch_set_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        self.sets.append(len(keys))
+        self._call("batch_set_v1")
+        done = self.inner.batch_set_v1(keys, host_indices)
+        return [ok and not (self.fail_second_set and i == 1) for i, ok in enumerate(done)]
+
+
+def slots(first_page: int, pages: int) -> torch.Tensor:
+    return torch.arange(first_page * PAGE, (first_page + pages) * PAGE, dtype=torch.int64)
+
+
+def fill(pool: MHAHostPool, indices: torch.Tensor, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    for start in pool.page_starts(indices):
+        pool.set_data_page(start, torch.randn(pool.page_shape, generator=generator))
+
+
+def pages(pool: MHAHostPool, indices: torch.Tensor) -> list[bytes]:
+    return [pool.get_data_page(s).numpy().tobytes() for s in pool.page_starts(indices)]
+
+
+def keys(n: int, prefix: str = "k") -> list[str]:
+    return [f"{prefix}{i}" for i in range(n)]
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
+
+
+def finished(fetch: Prefetch) -> None:
+    wait_until(lambda: fetch.state is PrefetchState.FINISHED, "the fetch to finish")
+
+
+def poll_all(io: StorageIO, count: int) -> list[BackupDone]:
+    done: list[BackupDone] = []
+    deadline = time.monotonic() + WAIT_S
+    while len(done) < count:
+        assert time.monotonic() < deadline, f"got {len(done)} of {count} backups"
+        done += io.poll(timeout_s=0.05)
+    return done
+
+
+@pytest.fixture
+def pool() -> MHAHostPool:
+    return host_pool(32 * PAGE)
+
+
+@pytest.fixture
+def make_io(pool: MHAHostPool) -> Iterator[Callable[..., tuple[StorageIO, Spy]]]:
+    """Build a StorageIO over a spied memory backend (layers as given); close both afterwards."""
+    built: list[tuple[StorageIO, Spy]] = []
+
+    def make(layers: LayerConfig | None = None, **io_options: int) -> tuple[StorageIO, Spy]:
+        spy = Spy(create_backend("memory", layers=layers))
+        spy.register_host_pool(pool)
+        io = StorageIO(spy, **io_options)
+        built.append((io, spy))
+        return io, spy
+
+    yield make
+    for io, spy in built:
+        spy.gate.set()
+        io.close()
+        assert not any(t.is_alive() for t in io.threads)
+        spy.close()
+
+
+def store(io: StorageIO, pool: MHAHostPool, names: list[str], first_page: int) -> torch.Tensor:
+    """Fill ``len(names)`` pages from ``first_page`` and store page i under ``names[i]``."""
+    src = slots(first_page, len(names))
+    fill(pool, src, seed=first_page)
+    assert io.backend.batch_set_v1(names, src) == [True] * len(names)
+    return src
+
+
+def slowed(op: str, delay_s: float) -> LayerConfig:
+    return LayerConfig(faults=FaultConfig(ops={op: FaultRule(delay_s=delay_s)}))
+
+
+# ---- prefetch ------------------------------------------------------------------------------------
+
+
+def test_prefetch_reads_the_stored_pages_into_its_host_slots(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    io, _ = make_io()
+    src = store(io, pool, keys(5), first_page=0)
+    dst = slots(10, 5)
+    fetch = Prefetch(keys(5), 1, dst, PAGE, ticket="mine")
+    assert fetch.state is PrefetchState.QUERYING and fetch.hit_pages is None
+    assert fetch.target_pages == 5
+    io.prefetch(fetch)
+    finished(fetch)
+    assert (fetch.hit_pages, fetch.read_pages, fetch.target_pages) == (5, 5, 5)
+    assert pages(pool, dst) == pages(pool, src)
+    assert fetch.ticket == "mine" and fetch.host_indices is dst
+
+
+def test_prefetch_of_missing_pages_reads_only_the_leading_present_ones(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    io, spy = make_io()
+    src = store(io, pool, keys(5), first_page=0)
+    io.backend.delete("k2")
+    dst = slots(10, 5)
+    fill(pool, dst, seed=99)
+    untouched = pages(pool, dst)
+    fetch = Prefetch(keys(5), 1, dst, PAGE)
+    io.prefetch(fetch)
+    finished(fetch)
+    assert (fetch.hit_pages, fetch.read_pages, fetch.target_pages) == (2, 2, 2)
+    assert pages(pool, dst)[:2] == pages(pool, src)[:2]
+    assert pages(pool, dst)[2:] == untouched[2:], "pages after the first miss are not read"
+    assert spy.gets == [2]
+
+
+def test_prefetch_of_no_stored_page_finishes_without_reading(
+    make_io: Callable[..., tuple[StorageIO, Spy]],
+) -> None:
+    io, spy = make_io()
+    fetch = Prefetch(keys(3, "absent"), 1, slots(0, 3), PAGE)
+    io.prefetch(fetch)
+    finished(fetch)
+    assert (fetch.hit_pages, fetch.read_pages, fetch.target_pages) == (0, 0, 0)
+    assert spy.gets == []
+
+
+def test_prefetch_reads_in_batches_and_shows_its_progress(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    io, spy = make_io(slowed("batch_get_v1", 0.1), read_batch_pages=2)
+    src = store(io, pool, keys(6), first_page=0)
+    dst = slots(10, 6)
+    fetch = Prefetch(keys(6), 1, dst, PAGE)
+    io.prefetch(fetch)
+    seen: list[tuple[PrefetchState, int]] = []
+    while (state := fetch.state) is not PrefetchState.FINISHED:
+        seen.append((state, fetch.read_pages))
+        time.sleep(0.005)
+    reading = [n for state, n in seen if state is PrefetchState.READING]
+    assert reading == sorted(reading), "progress only grows"
+    assert {0, 2, 4} <= set(reading), f"every batch's pages became visible: {sorted(set(reading))}"
+    assert fetch.read_pages == 6 and spy.gets == [2, 2, 2]
+    assert pages(pool, dst) == pages(pool, src)
+
+
+def test_cancel_mid_read_stops_further_batches_and_returns_the_prefix_read(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    io, spy = make_io(slowed("batch_get_v1", 0.05), read_batch_pages=1)
+    src = store(io, pool, keys(8), first_page=0)
+    dst = slots(10, 8)
+    fetch = Prefetch(keys(8), 1, dst, PAGE)
+    io.prefetch(fetch)
+    wait_until(lambda: fetch.read_pages >= 2, "two pages read")
+    read = fetch.cancel()
+    assert 2 <= read < 8
+    finished(fetch)
+    calls = len(spy.gets)
+    assert calls <= read + 1, "at most the batch in flight at the cancel ran after it"
+    time.sleep(0.15)
+    assert len(spy.gets) == calls and fetch.read_pages == read, "the prefix is final"
+    assert pages(pool, dst)[:read] == pages(pool, src)[:read]
+    assert fetch.cancel() == read
+
+
+def test_cancel_while_querying_finishes_at_once(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    io, spy = make_io()
+    store(io, pool, keys(2), first_page=0)
+    spy.gate.clear()
+    spy.entered.clear()
+    blocker = Prefetch(keys(2), 1, slots(10, 2), PAGE)
+    io.prefetch(blocker)
+    assert spy.entered.wait(WAIT_S)  # the query thread holds the first fetch's query
+    queued = Prefetch(keys(2), 1, slots(20, 2), PAGE)
+    io.prefetch(queued)
+    assert queued.cancel() == 0
+    assert queued.state is PrefetchState.FINISHED
+    spy.gate.set()
+    finished(blocker)
+    time.sleep(0.05)
+    assert blocker.read_pages == 2 and spy.gets == [2], "the cancelled fetch read nothing"
+    assert queued.read_pages == 0 and queued.hit_pages is None
+
+
+def test_a_page_gone_between_query_and_read_ends_the_fetch_at_the_last_read_page(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    io, spy = make_io(read_batch_pages=4)
+    store(io, pool, keys(4), first_page=0)
+    io.backend.delete("k2")
+    spy.claim_all = True  # the query saw page 2, then it was evicted before the read
+    fetch = Prefetch(keys(4), 1, slots(10, 4), PAGE)
+    io.prefetch(fetch)
+    finished(fetch)
+    time.sleep(0.1)
+    assert (fetch.hit_pages, fetch.read_pages) == (4, 2)
+    assert spy.gets == [4], "one read, then no more once the fetch finished"
+
+
+def test_a_failing_query_or_read_finishes_the_fetch_and_the_threads_carry_on(
+    make_io: Callable[..., tuple[StorageIO, Spy]],
+    pool: MHAHostPool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    io, spy = make_io()
+    src = store(io, pool, keys(3), first_page=0)
+    for op in ("batch_exists", "batch_get_v1"):
+        spy.raising = {op}
+        fetch = Prefetch(keys(3), 1, slots(10, 3), PAGE)
+        io.prefetch(fetch)
+        finished(fetch)
+        assert fetch.read_pages == 0 and io.alive, op
+    assert "existence query of 3 pages failed" in caplog.text
+    assert "read of 3 pages failed" in caplog.text
+    spy.raising = set()
+    fetch = Prefetch(keys(3), 1, slots(20, 3), PAGE)
+    io.prefetch(fetch)
+    finished(fetch)
+    assert fetch.read_pages == 3 and pages(pool, slots(20, 3)) == pages(pool, src)
+
+
+# ---- backup --------------------------------------------------------------------------------------
+
+
+def test_backup_writes_the_pages_under_their_keys_after_ready(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    io, spy = make_io()
+    src = slots(0, 3)
+    fill(pool, src, seed=5)
+    readied: list[int] = []
+    job = Backup(keys(3), src, ticket=7, ready=lambda: readied.append(len(spy.sets)))
+    assert io.backup(job)
+    (done,) = poll_all(io, 1)
+    assert done == BackupDone(job, stored=True) and done.backup.ticket == 7
+    assert readied == [0], "ready ran once, before the write"
+    dst = slots(10, 3)
+    assert spy.inner.batch_get_v1(keys(3), dst) == [True] * 3
+    assert pages(pool, dst) == pages(pool, src)
+    assert io.refused_backups == 0
+
+
+def test_a_full_write_queue_refuses_a_backup_and_counts_it(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    io, spy = make_io(write_capacity=1)
+    spy.gate.clear()
+    jobs = [Backup([f"p{i}"], slots(i, 1), ticket=i) for i in range(3)]
+    assert io.backup(jobs[0])
+    assert spy.entered.wait(WAIT_S)  # the writer holds job 0; the queue has room for one
+    assert io.backup(jobs[1])
+    assert not io.backup(jobs[2])
+    assert io.refused_backups == 1
+    spy.gate.set()
+    done = poll_all(io, 2)
+    assert sorted(d.backup.ticket for d in done) == [0, 1]  # type: ignore[type-var]
+    assert all(d.stored for d in done)
+    assert not spy.inner.exists("p2")
+
+
+def test_close_writes_every_queued_backup_and_joins_the_three_threads(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    io, spy = make_io(write_capacity=4)
+    assert len(io.threads) == 3 and io.alive
+    spy.gate.clear()
+    for i in range(4):
+        assert io.backup(Backup([f"q{i}"], slots(i, 1), ticket=i))
+        if i == 0:
+            assert spy.entered.wait(WAIT_S)
+    timer = threading.Timer(0.1, spy.gate.set)
+    timer.start()
+    done = io.close()
+    timer.join()
+    assert sorted(d.backup.ticket for d in done) == [0, 1, 2, 3]  # type: ignore[type-var]
+    assert all(d.stored for d in done)
+    assert all(spy.inner.exists(f"q{i}") for i in range(4))
+    assert not any(t.is_alive() for t in io.threads) and not io.alive
+    assert io.close() == [], "a second close does nothing"
+
+
+@pytest.mark.parametrize("failure", ["raises", "a page fails", "ready raises"])
+def test_a_failed_backup_is_not_stored_and_the_writer_carries_on(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool, failure: str
+) -> None:
+    io, spy = make_io()
+    ready = None
+    if failure == "raises":
+        spy.raising = {"batch_set_v1"}
+    elif failure == "a page fails":
+        spy.fail_second_set = True
+    else:
+
+        def ready() -> None:
+            raise RuntimeError("the device copy failed")
+
+    bad = Backup(keys(2, "bad"), slots(0, 2), ticket="bad", ready=ready)
+    assert io.backup(bad)
+    (done,) = poll_all(io, 1)
+    assert done == BackupDone(bad, stored=False)
+    assert io.alive
+    spy.raising = set()
+    spy.fail_second_set = False
+    good = Backup(keys(1, "good"), slots(4, 1), ticket="good")
+    assert io.backup(good)
+    assert poll_all(io, 1) == [BackupDone(good, stored=True)]
+
+
+# ---- after close and bad arguments ---------------------------------------------------------------
+
+
+def test_after_close_a_prefetch_finishes_empty_and_a_backup_is_refused(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    io, spy = make_io()
+    store(io, pool, keys(2), first_page=0)
+    io.close()
+    calls = (len(spy.gets), len(spy.sets))
+    fetch = Prefetch(keys(2), 1, slots(10, 2), PAGE)
+    io.prefetch(fetch)
+    assert fetch.state is PrefetchState.FINISHED
+    assert fetch.read_pages == 0 and fetch.cancel() == 0
+    assert not io.backup(Backup(keys(1), slots(0, 1)))
+    assert io.refused_backups == 1
+    assert (len(spy.gets), len(spy.sets)) == calls, "no thread touched the backend"
+
+
+def test_close_cancels_a_fetch_still_reading(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    io, _ = make_io(slowed("batch_get_v1", 0.05), read_batch_pages=1)
+    store(io, pool, keys(8), first_page=0)
+    fetch = Prefetch(keys(8), 1, slots(10, 8), PAGE)
+    io.prefetch(fetch)
+    wait_until(lambda: fetch.read_pages >= 1, "a first page read")
+    io.close()
+    assert fetch.state is PrefetchState.FINISHED and fetch.read_pages < 8
+    assert not any(t.is_alive() for t in io.threads)
+
+
+@pytest.mark.parametrize("option", ["read_batch_pages", "write_capacity"])
+@pytest.mark.parametrize("value", [0, -1, True, 2.0])
+def test_storage_io_refuses_a_size_that_is_not_a_positive_int(option: str, value: object) -> None:
+    backend = create_backend("memory")
+    with pytest.raises(ConfigError, match=option):
+        StorageIO(backend, **{option: value})  # type: ignore[arg-type]
+    backend.close()
+
+
+def test_prefetch_refuses_keys_that_do_not_match_its_slots() -> None:
+    with pytest.raises(ConfigError, match="do not match"):
+        Prefetch(keys(3), 1, slots(0, 2), PAGE)
+    with pytest.raises(ConfigError, match="do not match"):
+        Prefetch(keys(3), 2, slots(0, 2), PAGE)
+    assert Prefetch(keys(4), 2, slots(0, 2), PAGE).pages == 2
