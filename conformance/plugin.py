@@ -9,6 +9,13 @@ suite (and nothing else, unless test paths are given) against that backend. Opti
 --hicache-profile NAME   hypothesis profile of the model-based check: ``ci`` or ``nightly``.
 --hicache-progress FILE  append one JSON line per collected, started and finished check
                          (what ``hicache check`` draws its progress bar from).
+--hicache-engine         also collect the engine check (:mod:`~.engine`): a tiny model served
+                         through the backend, one ``TestEngine`` item per case.
+
+A test module of the author's own gets the engine check with
+``from hicache_storage.conformance.engine import TestEngine`` beside its ``hicache_factory``
+fixture: this plugin parametrizes it (``hicache_engine_case``) and runs each case
+(``hicache_engine_check``), with the server control a plugin provides for ``server_stop``.
 
 Importing this module is cheap: backends, torch and the suite load only when they are used.
 """
@@ -21,28 +28,44 @@ from typing import IO, TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from hicache_storage.conformance.engine import EngineCheck
     from hicache_storage.conformance.factory import BackendFactory
     from hicache_storage.conformance.report import CheckResult, Outcome, ProgressEvent
 
 __all__ = [
+    "engine_path",
+    "hicache_engine_check",
     "hicache_factory",
     "pytest_addoption",
     "pytest_configure",
+    "pytest_generate_tests",
     "pytest_itemcollected",
     "suite_path",
 ]
 
+ENGINE_CASE = "hicache_engine_case"
+"""The argument each ``TestEngine`` item is parametrized with: the name of its case."""
+
 REQUIRES_MARKER = "hicache_requires"
+
+
+def _module_path(name: str) -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:  # pragma: no cover - the package is broken
+        raise RuntimeError(f"cannot locate {name}")
+    return spec.origin
 
 
 def suite_path() -> str:
     """Return the file path of the suite module (found without importing it)."""
-    import importlib.util
+    return _module_path("hicache_storage.conformance.suite")
 
-    spec = importlib.util.find_spec("hicache_storage.conformance.suite")
-    if spec is None or spec.origin is None:  # pragma: no cover - the package is broken
-        raise RuntimeError("cannot locate hicache_storage.conformance.suite")
-    return spec.origin
+
+def engine_path() -> str:
+    """Return the file path of the engine check's module (found without importing it)."""
+    return _module_path("hicache_storage.conformance.engine")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -83,6 +106,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="FILE",
         help="append one JSON line per collected, started and finished check to FILE",
     )
+    group.addoption(
+        "--hicache-engine",
+        dest="hicache_engine",
+        action="store_true",
+        default=False,
+        help="also run the engine check: a tiny model served through the backend (TestEngine)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -94,6 +124,8 @@ def pytest_configure(config: pytest.Config) -> None:
     named_paths = config.args_source == pytest.Config.ArgsSource.ARGS
     if config.getoption("hicache_backend", default=None) and not named_paths:
         config.args[:] = [suite_path()]
+        if config.getoption("hicache_engine", default=False):
+            config.args.append(engine_path())
     if config.getoption("hicache_report", default=None):
         config.pluginmanager.register(_Recorder(config), "hicache-report-recorder")
     progress = config.getoption("hicache_progress", default=None)
@@ -114,6 +146,39 @@ def hicache_factory(pytestconfig: pytest.Config) -> BackendFactory:
     from hicache_storage.conformance.factory import BackendFactory
 
     return BackendFactory.from_source(str(name), pytestconfig.getoption("hicache_config"))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Make one item per engine case of every test that asks for ``hicache_engine_case``."""
+    if ENGINE_CASE not in metafunc.fixturenames:
+        return
+    from hicache_storage.conformance.engine import DEFAULT_CASES, POLICIES, case_names
+
+    metafunc.parametrize(ENGINE_CASE, case_names(POLICIES, DEFAULT_CASES))
+
+
+@pytest.fixture
+def hicache_engine_check(hicache_factory: BackendFactory, hicache_engine_case: str) -> EngineCheck:
+    """Run one case of the engine check against the backend under test; skip if it skipped.
+
+    ``server_stop`` gets the server control a plugin provides for the backend (and skips
+    without one); the server is started again afterwards whatever happened.
+    """
+    from hicache_storage.conformance.engine import check_engine
+    from hicache_storage.conformance.server import find_server_control
+
+    control = None
+    if hicache_engine_case.startswith("server_"):
+        control = find_server_control(hicache_factory.name, hicache_factory.options)
+    try:
+        report = check_engine(hicache_factory, cases=[hicache_engine_case], server_control=control)
+    finally:
+        if control is not None:
+            control.start()
+    check = report.checks[0]
+    if check.outcome == "skipped":
+        pytest.skip(check.message or "skipped")
+    return check
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

@@ -1,8 +1,9 @@
-"""``hicache check``: run the conformance suite against a backend and print its report."""
+"""``hicache check``: run the conformance suite (or the engine check) against a backend."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import sys
@@ -21,9 +22,10 @@ from .options import backend_options
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from ..conformance.engine import EngineCheck, EngineReport
     from ..conformance.report import ProgressEvent, Report
 
-__all__ = ["check_command", "render"]
+__all__ = ["check_command", "render", "render_engine"]
 
 DEFAULT_BACKEND = "file"
 
@@ -140,6 +142,100 @@ def render(report: Report, console: Console) -> None:
     console.print(summary, highlight=False)
 
 
+def render_engine(report: EngineReport, console: Console) -> None:
+    """Print an engine check's ``report`` as a table of cases and a one-line summary."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from ..conformance.report import summarize
+
+    table = Table(title=f"hicache check {report.backend} --engine")
+    table.add_column("case", overflow="fold")
+    table.add_column("outcome", no_wrap=True)
+    table.add_column("ms", justify="right", no_wrap=True)
+    table.add_column("hit tokens\ndevice/host/storage", justify="right", no_wrap=True)
+    table.add_column("pages\nstored/fetched", justify="right", no_wrap=True)
+    table.add_column("skip reason / failure", overflow="fold")
+    for row in report.checks:
+        stats = row.stats
+        hits = "/".join(
+            f"{stats.get(f'{tier}_hit_tokens', 0):,.0f}" for tier in ("device", "host", "storage")
+        )
+        pages = f"{stats.get('pages_stored', 0):,.0f}/{stats.get('pages_fetched', 0):,.0f}"
+        table.add_row(
+            Text(row.name),
+            Text(row.outcome, style=_STYLES.get(row.outcome, "")),
+            f"{row.duration_s * 1000:,.0f}",
+            hits if stats else "",
+            pages if stats else "",
+            Text(row.message or ""),
+        )
+    console.print(table)
+    totals = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+    for row in report.checks:
+        totals[row.outcome] += 1
+    verdict = (
+        Text("FAIL", style="bold red") if not report.passed else Text("PASS", style="bold green")
+    )
+    summary = Text.assemble(
+        verdict,
+        f" {report.backend} engine check: {summarize(totals)} in {report.duration_s:.1f} s; "
+        "every answer compared token for token with recompute",
+    )
+    console.print(summary, highlight=False)
+
+
+@contextlib.contextmanager
+def _engine_logs(path: str | None) -> Iterator[None]:
+    """Send the library's log records to ``path`` (or nowhere) while the engine check runs.
+
+    Its fault cases make storage calls fail on purpose; each failure is logged, and on the
+    terminal those lines would bury the table.
+    """
+    logger = logging.getLogger("hicache_storage")
+    handler: logging.Handler = logging.NullHandler()
+    if path is not None:
+        handler = logging.FileHandler(path, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.propagate = propagate
+        logger.removeHandler(handler)
+        handler.close()
+
+
+def _check_engine(
+    backend: str, config: str | None, report_dir: str | None, console: Console
+) -> EngineReport:
+    """Run :func:`~hicache_storage.conformance.engine.check_engine` with a progress display."""
+    from ..conformance.engine import check_engine
+    from ..conformance.factory import BackendFactory
+    from ..conformance.server import find_server_control
+
+    with backend_options(backend, config, "hicache-check-") as options:
+        _probe(backend, options)
+        factory = BackendFactory.from_source(backend, options)
+        control = find_server_control(backend, factory.options)
+        log = None
+        if report_dir is not None:
+            os.makedirs(report_dir, exist_ok=True)
+            log = os.path.join(report_dir, "engine.log")
+        with _engine_logs(log):
+            if not _interactive(console):
+                click.echo(f"running the engine check against {backend}...", err=True)
+                return check_engine(factory, server_control=control)
+            with console.status(f"engine check of {backend}") as status:
+
+                def progress(check: EngineCheck) -> None:
+                    status.update(f"engine check of {backend}: {check.name} {check.outcome}")
+
+                return check_engine(factory, server_control=control, progress=progress)
+
+
 @click.command("check")
 @click.argument("backend", default=DEFAULT_BACKEND)
 @click.option(
@@ -152,21 +248,45 @@ def render(report: Report, console: Console) -> None:
     "report_dir",
     metavar="DIR",
     type=click.Path(file_okay=False),
-    help="Also write report.json and report.md into DIR.",
+    help="Also write report.json and report.md (with --engine: engine.json, engine.log) into DIR.",
 )
-def check_command(backend: str, config: str | None, report_dir: str | None) -> None:
+@click.option(
+    "--engine",
+    is_flag=True,
+    help=(
+        "Run the engine check instead of the suite: a tiny model serves conversations through "
+        "the backend under every cache policy and fault, each token compared with recompute."
+    ),
+)
+def check_command(backend: str, config: str | None, report_dir: str | None, engine: bool) -> None:
     """Run the conformance suite against BACKEND (default: file) and print one row per check.
 
     Exits 0 when every check passed or skipped, 1 when one failed or errored, 2 on a usage or
     config error or when the backend cannot be opened at all. Without --config, a backend that
     needs a `root` directory or a `path` runs in a fresh temporary one, removed afterwards. On a
     terminal a progress bar shows the checks done; elsewhere nothing is drawn.
+
+    With --engine, one row per case of the engine check instead: a tiny seeded model answers
+    multi-turn conversations through a KV cache whose pages are evicted to the backend and read
+    back, and every answer must equal recomputing it. A server control that a plugin provides
+    for the backend adds the case that stops its server mid-run.
     """
     from rich.console import Console
 
     from ..conformance.report import load_report, run_suite
 
     console = Console()
+    if engine:
+        engine_report = _check_engine(backend, config, report_dir, console)
+        render_engine(engine_report, console)
+        if report_dir is not None:
+            path = os.path.join(report_dir, "engine.json")
+            with open(path, "wb") as out:
+                out.write(msgspec.json.format(msgspec.json.encode(engine_report)))
+            click.echo(f"report: {path}; log: {os.path.join(report_dir, 'engine.log')}")
+        if not engine_report.passed:
+            raise SystemExit(1)
+        return
     with (
         backend_options(backend, config, "hicache-check-") as options,
         _report_dir(report_dir) as target,

@@ -38,7 +38,7 @@ from hicache_storage.keys import KeyScheme, RankSuffixScheme
 
 from .loading import LayerLoad, LoadTiming
 from .policies import PrefetchPolicy, PrefetchTimeout, WritePolicy, prefetch_done_waiting
-from .radix import Node, RadixTree, Tier
+from .radix import MatchResult, Node, RadixTree, Tier
 from .storage_io import Backup, BackupDone, Prefetch, PrefetchState, StorageIO
 
 __all__ = ["CacheConfig", "CacheStats", "Lease", "Lookup", "TierCache"]
@@ -150,6 +150,7 @@ class Lookup:
     anchor: Node
     anchor_len: int
     fetch: Prefetch | None = None
+    rechecked: bool = False
 
 
 @dataclass
@@ -246,6 +247,7 @@ class TierCache:
         self._prefetch_held = 0
         self._draining: list[Prefetch] = []
         self._writing: dict[int, tuple[Node, frozenset[str]]] = {}
+        self._write_failed: set[int] = set()
         self._loads: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._closed = False
 
@@ -264,26 +266,47 @@ class TierCache:
         usable = (len(tokens) - 1) // page * page if self.config.prefix_cache else 0
         prefix = tuple(int(t) for t in tokens[:usable])
         match = self.tree.match_prefix(prefix, seed=seed)
+        lookup = Lookup(prefix, seed, match.last_node, match.matched_len)
+        self._start_prefetch(lookup, match)
+        return lookup
+
+    def recheck(self, lookup: Lookup) -> None:
+        """Fetch from storage what a waiting request lost from the tree while it waited.
+
+        A request matched on the device or the host at :meth:`lookup` starts no prefetch; if
+        those pages are evicted to storage before it is admitted, they would be recomputed.
+        Called before each admission attempt, this starts a prefetch once for such a request.
+        """
+        if self.io is None or lookup.fetch is not None or lookup.rechecked:
+            return
+        match = self.tree.match_prefix(lookup.tokens, seed=lookup.seed, touch=False)
+        if match.matched_len >= lookup.anchor_len:
+            return
+        lookup.rechecked = True
+        lookup.anchor, lookup.anchor_len = match.last_node, match.matched_len
+        self._start_prefetch(lookup, match)
+
+    def _start_prefetch(self, lookup: Lookup, match: MatchResult) -> None:
+        """Start fetching the pages after ``match`` when storage may hold enough of them."""
         anchor = match.last_node
-        lookup = Lookup(prefix, seed, anchor, match.matched_len)
         hashes = match.remainder_hashes
+        page = self.config.page_size
         room = (self._prefetch_capacity - self._prefetch_held) // page
         pages = min(len(hashes), room)
         if self.io is None or pages < self.config.prefetch_threshold or not self._on_host(anchor):
-            return lookup
+            return
         if not anchor.is_root:
             self.tree.pin_host(anchor)
         host = self._alloc_host(pages * page)
         if host is None:
             if not anchor.is_root:
                 self.tree.unpin_host(anchor)
-            return lookup
+            return
         keys = self.scheme.keys(hashes[:pages])
         lookup.fetch = Prefetch(keys, self.scheme.keys_per_page, host, page)
         self._prefetch_held += host.numel()
         self.stats.prefetches += 1
         self.io.prefetch(lookup.fetch)
-        return lookup
 
     def ready(self, lookup: Lookup) -> bool:
         """Whether the prefetch policy lets the request be scheduled now."""
@@ -316,7 +339,7 @@ class TierCache:
         """
         self._check_open()
         page = self.config.page_size
-        match = self.tree.match_prefix(lookup.tokens, seed=lookup.seed)
+        match = self.tree.match_prefix(lookup.tokens, seed=lookup.seed, touch=False)
         self.tree.lock(match.last_node)
         need = -(-(total_tokens - match.device_len) // page) * page
         if need > self.device_alloc.available_size() + self._evictable_device_tokens():
@@ -325,7 +348,7 @@ class TierCache:
         node = match.last_node
         storage_hit = self._finish_fetch(lookup)
         if storage_hit:
-            rematch = self.tree.match_prefix(lookup.tokens, seed=lookup.seed)
+            rematch = self.tree.match_prefix(lookup.tokens, seed=lookup.seed, touch=False)
             self.tree.lock(rematch.last_node)
             self.tree.unlock(node)
             match, node = rematch, rematch.last_node
@@ -489,10 +512,12 @@ class TierCache:
                 if not self.io.alive:
                     return None
                 continue
-            if not victim.stored and self.io is not None and self._store_later(victim):
-                continue
-            if not victim.stored and self.io is not None:
+            unstored = not victim.stored and self.io is not None
+            if unstored and victim.id not in self._write_failed and self._store_later(victim):
+                continue  # evicted once written (a failed write is not retried here)
+            if unstored:
                 self.stats.pages_dropped += victim.num_tokens // self.config.page_size
+            self._write_failed.discard(victim.id)
             pool.free(self.tree.evict_host(victim))
         return pool.alloc(count)
 
@@ -573,7 +598,9 @@ class TierCache:
         pages = len(hashes)
         if not done.stored:
             self.stats.backups_failed += pages
+            self._write_failed.add(node.id)
             return
+        self._write_failed.discard(node.id)
         self.stats.pages_stored += pages
         self.stats.storage_bytes_written += pages * self.config.page_size * self.token_bytes
         step: Node | None = node

@@ -351,11 +351,14 @@ class RadixTree:
 
     # ---- matching and inserting ----------------------------------------------------------------
 
-    def match_prefix(self, tokens: Sequence[int], *, seed: str | None = None) -> MatchResult:
+    def match_prefix(
+        self, tokens: Sequence[int], *, seed: str | None = None, touch: bool = True
+    ) -> MatchResult:
         """Find the longest cached prefix of the whole pages of ``tokens`` in namespace ``seed``.
 
-        A match that ends inside a node splits it at that page boundary. Every matched node
-        gets its hit count incremented and its access time set.
+        A match that ends inside a node splits it at that page boundary. With ``touch`` (a
+        request's hit), every matched node gets its hit count incremented and its access time
+        set; without it (a second look for the same request) the nodes are left as they were.
 
         Parameters
         ----------
@@ -382,8 +385,9 @@ class RadixTree:
             child = self._descend(node, toks, pos, end)
             if child is None:
                 break
-            child._hit_count += 1
-            child._last_access = now
+            if touch:
+                child._hit_count += 1
+                child._last_access = now
             if child._device is not None:
                 device.append(child._device)
                 device_node = child

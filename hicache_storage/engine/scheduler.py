@@ -70,6 +70,7 @@ class Request:
     state: RequestState = RequestState.WAITING
     output: list[int] = field(default_factory=list)
     arrival: float = 0.0
+    admitted_at: float | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
     device_hit: int = 0
@@ -223,6 +224,7 @@ class Scheduler:
                 break
             lookup = request.lookup
             assert lookup is not None
+            self.cache.recheck(lookup)
             if not self.cache.ready(lookup):
                 continue
             lease = self.cache.acquire(lookup, request.total_tokens)
@@ -234,6 +236,7 @@ class Scheduler:
             request.host_hit = lease.host_hit
             request.storage_hit = lease.storage_hit
             request.state = RequestState.PREFILL
+            request.admitted_at = self.clock()
             admitted.append(request)
         for request in admitted:
             self.waiting.remove(request)
