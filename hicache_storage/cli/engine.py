@@ -260,6 +260,12 @@ def engine_group() -> None:
 @click.option("--plot", "plot_path", metavar="FILE", help="Write a PNG of mean TTFT by round.")
 @click.option("--log-y", is_flag=True, help="Plot TTFT on a log scale.")
 @click.option("--force", is_flag=True, help="Run --model 8b on a CPU anyway.")
+@click.option(
+    "--runs",
+    metavar="NAMES",
+    help="Comma-separated configurations to run (no-cache always runs: the others are checked "
+    "against its tokens); default all four.",
+)
 def bench_command(
     backend: str,
     config: str | None,
@@ -268,6 +274,7 @@ def bench_command(
     plot_path: str | None,
     log_y: bool,
     force: bool,
+    runs: str | None,
     arrival_rate: float | None,
     concurrency: int | None,
     **sizes: Any,
@@ -308,7 +315,11 @@ def bench_command(
             **overrides,
         )
         with _progress(err) as progress:
-            result = run_bench(bench, progress=progress)
+            result = run_bench(
+                bench,
+                progress=progress,
+                runs=None if runs is None else [r.strip() for r in runs.split(",") if r.strip()],
+            )
     if json_path == "-":
         click.echo(result.to_json(indent=2).decode())
     elif json_path is not None:

@@ -246,6 +246,7 @@ class TierCache:
         self._prefetch_capacity = capacity or 0
         self._prefetch_held = 0
         self._draining: list[Prefetch] = []
+        self._fetching: list[Prefetch] = []
         self._writing: dict[int, tuple[Node, frozenset[str]]] = {}
         self._write_failed: set[int] = set()
         self._loads: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -290,23 +291,51 @@ class TierCache:
         """Start fetching the pages after ``match`` when storage may hold enough of them."""
         anchor = match.last_node
         hashes = match.remainder_hashes
-        page = self.config.page_size
-        room = (self._prefetch_capacity - self._prefetch_held) // page
-        pages = min(len(hashes), room)
-        if self.io is None or pages < self.config.prefetch_threshold or not self._on_host(anchor):
+        if (
+            self.io is None
+            or len(hashes) < self.config.prefetch_threshold
+            or not self._on_host(anchor)
+        ):
             return
         if not anchor.is_root:
             self.tree.pin_host(anchor)
-        host = self._alloc_host(pages * page)
-        if host is None:
-            if not anchor.is_root:
-                self.tree.unpin_host(anchor)
-            return
-        keys = self.scheme.keys(hashes[:pages])
-        lookup.fetch = Prefetch(keys, self.scheme.keys_per_page, host, page)
-        self._prefetch_held += host.numel()
+        keys = self.scheme.keys(hashes)
+        fetch = Prefetch(keys, self.scheme.keys_per_page, None, self.config.page_size)
+        lookup.fetch = fetch
+        self._fetching.append(fetch)
         self.stats.prefetches += 1
-        self.io.prefetch(lookup.fetch)
+        self.io.prefetch(fetch)
+
+    def _assign_slots(self) -> None:
+        """Give host slots to the prefetches whose existence query answered, within the cap.
+
+        Slots are taken only for the pages storage holds, so a prefetch that finds nothing
+        never evicts a host page.
+        """
+        page = self.config.page_size
+        waiting: list[Prefetch] = []
+        for fetch in self._fetching:
+            state = fetch.state
+            if state is PrefetchState.QUERYING:
+                waiting.append(fetch)
+                continue
+            if state is not PrefetchState.QUERIED:
+                continue
+            room = (self._prefetch_capacity - self._prefetch_held) // page
+            pages = min(fetch.hit_pages or 0, room)
+            if pages < self.config.prefetch_threshold:
+                fetch.cancel()
+                continue
+            host = self._alloc_host(pages * page)
+            if host is None:
+                fetch.cancel()
+            elif fetch.assign(host):
+                self._prefetch_held += host.numel()
+                assert self.io is not None
+                self.io.read(fetch)
+            elif self.host_pool is not None:
+                self.host_pool.free(host)
+        self._fetching = waiting
 
     def ready(self, lookup: Lookup) -> bool:
         """Whether the prefetch policy lets the request be scheduled now."""
@@ -441,6 +470,7 @@ class TierCache:
         if self.io is not None:
             for done in self.io.poll():
                 self._complete(done)
+        self._assign_slots()
         self._reap()
 
     def close(self) -> None:
@@ -617,16 +647,18 @@ class TierCache:
             return 0
         lookup.fetch = None
         page = self.config.page_size
+        finished = fetch.state is PrefetchState.FINISHED
         read = fetch.cancel()
-        target = fetch.target_pages
-        self.stats.prefetch_pages_cut += max(target - read, 0)
-        hits = fetch.hit_pages or 0
-        if fetch.state is PrefetchState.FINISHED:
-            self.stats.storage_misses += max(hits - read, 0)
+        short = max((fetch.hit_pages or 0) - read, 0)
+        if finished:  # every page storage claimed was tried: the rest failed to read
+            self.stats.storage_misses += short
+        else:  # the prefetch policy stopped waiting
+            self.stats.prefetch_pages_cut += short
         anchor = lookup.anchor
         tokens = read * page
         fresh = tokens
         if tokens:
+            assert fetch.host_indices is not None
             got = fetch.host_indices[:tokens]
             result = self.tree.insert_host(
                 anchor,
@@ -640,7 +672,8 @@ class TierCache:
             self.stats.pages_fetched += read
             self.stats.storage_bytes_read += tokens * self.token_bytes
         self._prefetch_held -= tokens
-        fetch.host_indices = fetch.host_indices[tokens:]
+        if fetch.host_indices is not None:
+            fetch.host_indices = fetch.host_indices[tokens:]
         self._drain(fetch)
         if not anchor.is_root:
             self.tree.unpin_host(anchor)
@@ -655,9 +688,10 @@ class TierCache:
         still: list[Prefetch] = []
         for fetch in self._draining:
             if fetch.state is PrefetchState.FINISHED:
-                if fetch.host_indices.numel() and self.host_pool is not None:
-                    self.host_pool.free(fetch.host_indices)
-                self._prefetch_held -= fetch.host_indices.numel()
+                host = fetch.host_indices
+                if host is not None and host.numel() and self.host_pool is not None:
+                    self.host_pool.free(host)
+                    self._prefetch_held -= host.numel()
             else:
                 still.append(fetch)
         self._draining = still

@@ -3,7 +3,9 @@
 The scheduler thread owns the radix tree and the allocators; these threads only move bytes
 between the host pool and the backend and report what they did. A :class:`Prefetch` runs on two
 threads in turn: the query thread asks ``batch_exists`` how many of its pages storage holds, the
-read thread reads those pages in batches into host slots the scheduler allocated. A
+read thread reads those pages in batches into host slots the scheduler allocated. The slots may
+be given up front, or once the query has answered (:meth:`StorageIO.read`), so that host room is
+taken only for pages storage holds. A
 :class:`Backup` names host slots to write under their keys; the write queue is bounded, and a
 full queue refuses a backup rather than block the scheduler (the pages stay unstored and are
 written again when next backed up or evicted).
@@ -38,6 +40,8 @@ class PrefetchState(enum.Enum):
 
     QUERYING = "querying"
     """Waiting for, or in, the existence query."""
+    QUERIED = "queried"
+    """Storage holds ``hit_pages`` leading pages; waiting for host slots to read them into."""
     READING = "reading"
     """Reading the pages storage holds, batch by batch."""
     FINISHED = "finished"
@@ -55,7 +59,8 @@ class Prefetch:
         Keys each page is stored under (several for a multi-object key scheme).
     host_indices
         Host slots of the pages' tokens, ``page_size`` per page; allocated by the scheduler and
-        not touched by it until the fetch is finished.
+        not touched by it until the fetch is finished. None to give them after the query
+        (:meth:`assign`): the fetch then waits in ``QUERIED``.
     page_size
         Tokens per page.
     ticket
@@ -72,16 +77,18 @@ class Prefetch:
         self,
         keys: Sequence[str],
         keys_per_page: int,
-        host_indices: torch.Tensor,
+        host_indices: torch.Tensor | None,
         page_size: int,
         ticket: object = None,
     ) -> None:
-        if len(keys) % keys_per_page or host_indices.numel() != (
-            len(keys) // keys_per_page * page_size
+        if len(keys) % keys_per_page or (
+            host_indices is not None
+            and host_indices.numel() != len(keys) // keys_per_page * page_size
         ):
             raise ConfigError(
                 f"{len(keys)} keys at {keys_per_page} per page do not match "
-                f"{host_indices.numel()} host slots at {page_size} per page"
+                f"{0 if host_indices is None else host_indices.numel()} host slots at "
+                f"{page_size} per page"
             )
         self.keys = list(keys)
         self.keys_per_page = keys_per_page
@@ -124,20 +131,37 @@ class Prefetch:
         """Stop reading further batches; return the leading pages read (final from now on)."""
         with self._lock:
             self._cancelled = True
-            if self._state is PrefetchState.QUERYING:
+            if self._state in (PrefetchState.QUERYING, PrefetchState.QUERIED):
                 self._state = PrefetchState.FINISHED
             return self._read_pages
+
+    def assign(self, host_indices: torch.Tensor) -> bool:
+        """Give a ``QUERIED`` fetch the host slots of its first ``numel / page_size`` pages.
+
+        Fewer slots than hit pages shorten the fetch. Return False (the slots stay the caller's)
+        when the fetch is no longer waiting for slots.
+        """
+        pages = host_indices.numel() // self.page_size
+        with self._lock:
+            if self._state is not PrefetchState.QUERIED or self._hit_pages is None or pages < 1:
+                return False
+            self.host_indices = host_indices[: min(pages, self._hit_pages) * self.page_size]
+            self._hit_pages = min(pages, self._hit_pages)
+            self._state = PrefetchState.READING
+            return True
 
     # -- the threads' side ------------------------------------------------------------------------
 
     def _queried(self, hit_pages: int) -> bool:
-        """Record the query's answer; return whether there is anything to read."""
+        """Record the query's answer; return whether to read at once (slots given up front)."""
         with self._lock:
+            self._hit_pages = hit_pages
             if self._cancelled or hit_pages == 0:
-                self._hit_pages = hit_pages
                 self._state = PrefetchState.FINISHED
                 return False
-            self._hit_pages = hit_pages
+            if self.host_indices is None:
+                self._state = PrefetchState.QUERIED
+                return False
             self._state = PrefetchState.READING
             return True
 
@@ -241,11 +265,21 @@ class StorageIO:
     # -- the scheduler's side ---------------------------------------------------------------------
 
     def prefetch(self, fetch: Prefetch) -> None:
-        """Start ``fetch``: query, then read what storage holds (a closed I/O finishes it empty)."""
+        """Start ``fetch``: query, then read what storage holds (a closed I/O finishes it empty).
+
+        A fetch made without host slots stops in ``QUERIED``; :meth:`read` continues it.
+        """
         if self._closed:
             fetch.cancel()
             return
         self._queries.put(fetch)
+
+    def read(self, fetch: Prefetch) -> None:
+        """Read a fetch that got its slots with :meth:`Prefetch.assign`."""
+        if self._closed:
+            fetch.cancel()
+            return
+        self._reads.put(fetch)
 
     def backup(self, job: Backup) -> bool:
         """Queue ``job``; return False (and count it) when the queue is full or closed."""
@@ -326,6 +360,8 @@ class StorageIO:
 
     def _read(self, fetch: Prefetch) -> None:
         kpp, page = fetch.keys_per_page, fetch.page_size
+        host = fetch.host_indices
+        assert host is not None
         while (batch := fetch._next_batch(self.read_batch_pages)) is not None:
             if self._closed:
                 fetch.cancel()
@@ -334,7 +370,7 @@ class StorageIO:
             try:
                 got = self.backend.batch_get_v1(
                     fetch.keys[first * kpp : end * kpp],
-                    fetch.host_indices[first * page : end * page],
+                    host[first * page : end * page],
                 )
             except Exception:  # a failed read is a miss of the rest of the fetch
                 logger.exception("read of %d pages failed", end - first)

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The tier engine on a GPU, Llama-3-8B shape in bf16: the figures of docs/performance.md.
+#
+#   bash scripts/bench_engine_gpu.sh OUTDIR
+#
+# Needs the package (with the mooncake extra) installed and one CUDA GPU. Writes to OUTDIR:
+# prefix.json (a 32k-token prefix from the host against PCIe + suffix compute), and for each
+# workload the four-configuration comparison (.json, .png): multi-turn conversations and long
+# documents with L3 = file on local disk, and multi-turn with L3 = Mooncake (a master and a
+# segment holder started here on 127.0.0.1, stopped by PID at exit).
+set -euo pipefail
+out=${1:?usage: bench_engine_gpu.sh OUTDIR}
+mkdir -p "$out"
+here=$(cd "$(dirname "$0")" && pwd)
+l3=$(mktemp -d /tmp/hicache-engine-l3.XXXX)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  rm -rf "$l3"
+}
+trap cleanup EXIT
+
+python3 "$here/bench_engine_prefix.py" --prefix 32768 --suffix 64 --json "$out/prefix.json"
+
+common=(--model 8b --device cuda --page-size 64 --chunk-tokens 8192 --max-new-tokens 16
+        --concurrency 4 --prefetch-policy timeout --write-policy write_through)
+multiturn=(--workload multiturn --clients 12 --rounds 5 --system-tokens 256
+           --turn-tokens 1024,2048 --device-tokens 16384 --host-tokens 49152)
+documents=(--workload documents --clients 8 --rounds 5 --document-tokens 8192
+           --question-tokens 64 --device-tokens 16384 --host-tokens 32768)
+
+hicache engine bench "${common[@]}" "${multiturn[@]}" --backend file \
+  --config "{\"root\": \"$l3/multiturn\"}" --json "$out/multiturn-file.json" \
+  --plot "$out/multiturn-file.png"
+hicache engine bench "${common[@]}" "${documents[@]}" --backend file \
+  --config "{\"root\": \"$l3/documents\"}" --json "$out/documents-file.json" \
+  --plot "$out/documents-file.png"
+
+mc=$(python3 -c 'import mooncake, os; print(os.path.dirname(mooncake.__file__))')
+"$mc/mooncake_master" -rpc_address=127.0.0.1 -rpc_port=50151 -metrics_host=127.0.0.1 \
+  -metrics_port=19003 -logtostderr=false >"$out/mooncake_master.log" 2>&1 &
+pids+=($!)
+sleep 2
+"$mc/mooncake_client" -host=127.0.0.1 -metadata_server=P2PHANDSHAKE \
+  -master_server_address=127.0.0.1:50151 -global_segment_size=24GB -port=50152 \
+  -protocol=tcp >"$out/mooncake_client.log" 2>&1 &
+pids+=($!)
+sleep 3
+GLOG_minloglevel=2 hicache engine bench "${common[@]}" "${multiturn[@]}" --backend mooncake \
+  --config '{"master": "127.0.0.1:50151", "protocol": "tcp"}' --runs L1+L2+L3 \
+  --json "$out/multiturn-mooncake.json" --plot "$out/multiturn-mooncake.png"
