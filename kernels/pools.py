@@ -48,14 +48,14 @@ def _check_row_contiguous(tensor: torch.Tensor, what: str) -> None:
 class DevicePool:
     """A layer-first KV pool: per layer one K and one V tensor, or one tensor for MLA.
 
+    Every tensor must have the same shape, dtype, device and token stride, with contiguous rows.
+
     Parameters
     ----------
     k_buffers
         One tensor per layer, shaped ``(size, H, D)`` (MHA K) or ``(size, 1, d)`` (MLA).
     v_buffers
         The V tensors for MHA, shaped like ``k_buffers``; None for MLA.
-
-    Every tensor must have the same shape, dtype, device and token stride, with contiguous rows.
     """
 
     __slots__ = ("buffers", "device", "dtype", "layer_num", "row_shape", "size", "token_stride")

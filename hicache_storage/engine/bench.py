@@ -13,9 +13,9 @@ a turn is submitted once its arrival time has come, its client's previous turn h
 (with a concurrency bound) a slot is free; it is stamped as arriving at the latest of the three,
 so TTFT includes queueing as it would in serving. On a GPU the copy kernels are compiled before
 each configuration's clock starts, so that no configuration pays for compiles in its load time.
-Every configuration must produce the no-cache configuration's tokens; :attr:`RunResult.identical`
+Every configuration must produce the no-cache configuration's tokens; ``RunResult.identical``
 says whether it did (in bfloat16, rounding differences between a cached and a recomputed prefix
-may flip greedy tokens; :attr:`RunResult.matching_outputs` counts the requests that agree).
+may flip greedy tokens; ``RunResult.matching_outputs`` counts the requests that agree).
 
 The result is made of dataclasses that msgspec encodes: :meth:`BenchResult.to_json` and
 :meth:`BenchResult.from_json` round-trip it, with secrets in the backend options masked.

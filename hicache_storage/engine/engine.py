@@ -17,6 +17,8 @@ __all__ = ["Engine"]
 class Engine:
     """Greedy generation with a :class:`LlamaModel` over a :class:`TierCache`.
 
+    The engine owns the cache: :meth:`close` (or leaving a ``with`` block) stops its threads.
+
     Parameters
     ----------
     model
@@ -25,8 +27,6 @@ class Engine:
         The tier cache, or None to recompute every token of every step (the oracle, no pool).
     chunk_tokens, max_running
         The scheduler's prefill chunk and batch bounds (see :class:`Scheduler`).
-
-    The engine owns the cache: :meth:`close` (or leaving a ``with`` block) stops its threads.
     """
 
     def __init__(
