@@ -22,6 +22,9 @@ trap cleanup EXIT
 
 python3 "$here/bench_engine_prefix.py" --prefix 32768 --suffix 64 --json "$out/prefix.json"
 
+# Plots need matplotlib; without it, draw them later from the JSON (plot_ttft_by_round).
+plot() { python3 -c 'import matplotlib' 2>/dev/null && echo "--plot=$out/$1.png" || true; }
+
 common=(--model 8b --device cuda --page-size 64 --chunk-tokens 8192 --max-new-tokens 16
         --concurrency 4 --prefetch-policy timeout --write-policy write_through)
 multiturn=(--workload multiturn --clients 12 --rounds 5 --system-tokens 256
@@ -31,21 +34,21 @@ documents=(--workload documents --clients 8 --rounds 5 --document-tokens 8192
 
 hicache engine bench "${common[@]}" "${multiturn[@]}" --backend file \
   --config "{\"root\": \"$l3/multiturn\"}" --json "$out/multiturn-file.json" \
-  --plot "$out/multiturn-file.png"
+  $(plot multiturn-file)
 hicache engine bench "${common[@]}" "${documents[@]}" --backend file \
   --config "{\"root\": \"$l3/documents\"}" --json "$out/documents-file.json" \
-  --plot "$out/documents-file.png"
+  $(plot documents-file)
 
 mc=$(python3 -c 'import mooncake, os; print(os.path.dirname(mooncake.__file__))')
 "$mc/mooncake_master" -rpc_address=127.0.0.1 -rpc_port=50151 -metrics_host=127.0.0.1 \
-  -metrics_port=19003 -logtostderr=false >"$out/mooncake_master.log" 2>&1 &
+  -metrics_port=19003 -logtostderr=false >"$l3/mooncake_master.log" 2>&1 &
 pids+=($!)
 sleep 2
 "$mc/mooncake_client" -host=127.0.0.1 -metadata_server=P2PHANDSHAKE \
   -master_server_address=127.0.0.1:50151 -global_segment_size=24GB -port=50152 \
-  -protocol=tcp >"$out/mooncake_client.log" 2>&1 &
+  -protocol=tcp >"$l3/mooncake_client.log" 2>&1 &
 pids+=($!)
 sleep 3
 GLOG_minloglevel=2 hicache engine bench "${common[@]}" "${multiturn[@]}" --backend mooncake \
   --config '{"master": "127.0.0.1:50151", "protocol": "tcp"}' --runs L1+L2+L3 \
-  --json "$out/multiturn-mooncake.json" --plot "$out/multiturn-mooncake.png"
+  --json "$out/multiturn-mooncake.json" $(plot multiturn-mooncake)
