@@ -9,7 +9,8 @@ suite (and nothing else, unless test paths are given) against that backend. Opti
 --hicache-profile NAME   hypothesis profile of the model-based check: ``ci`` or ``nightly``.
 --hicache-progress FILE  append one JSON line per collected, started and finished check
                          (what ``hicache check`` draws its progress bar from).
---hicache-engine         also collect the engine check (:mod:`hicache_storage.conformance.engine`): a tiny model served
+--hicache-engine         also collect the engine check
+                         (:mod:`hicache_storage.conformance.engine`): a tiny model served
                          through the backend, one ``TestEngine`` item per case.
 
 A test module of the author's own gets the engine check with

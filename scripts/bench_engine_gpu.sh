@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The tier engine on a GPU, Llama-3-8B shape in bf16: the figures of docs/performance.md.
 #
-#   bash scripts/bench_engine_gpu.sh OUTDIR
+#   bash scripts/bench_engine_gpu.sh OUTDIR [STEP...]   (steps: prefix multiturn documents
+#                                                       mooncake; default all)
 #
 # Needs the package (with the mooncake extra) installed and one CUDA GPU. Writes to OUTDIR:
 # prefix.json (a 32k-token prefix from the host against PCIe + suffix compute), and for each
@@ -9,7 +10,9 @@
 # documents with L3 = file on local disk, and multi-turn with L3 = Mooncake (a master and a
 # segment holder started here on 127.0.0.1, stopped by PID at exit).
 set -euo pipefail
-out=${1:?usage: bench_engine_gpu.sh OUTDIR}
+out=${1:?usage: bench_engine_gpu.sh OUTDIR [STEP...]}
+shift
+steps=${*:-prefix multiturn documents mooncake}
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
 l3=$(mktemp -d /tmp/hicache-engine-l3.XXXX)
@@ -20,24 +23,33 @@ cleanup() {
 }
 trap cleanup EXIT
 
-python3 "$here/bench_engine_prefix.py" --prefix 32768 --suffix 64 --json "$out/prefix.json"
+want() { [[ " $steps " == *" $1 "* ]]; }
+
+if want prefix; then
+  python3 "$here/bench_engine_prefix.py" --prefix 32768 --suffix 64 --json "$out/prefix.json"
+fi
 
 # Plots need matplotlib; without it, draw them later from the JSON (plot_ttft_by_round).
 plot() { python3 -c 'import matplotlib' 2>/dev/null && echo "--plot=$out/$1.png" || true; }
 
-common=(--model 8b --device cuda --page-size 64 --chunk-tokens 8192 --max-new-tokens 16
+common=(--model 8b --device cuda --page-size 64 --chunk-tokens 8192 --max-new-tokens 4
         --concurrency 4 --prefetch-policy timeout --write-policy write_through)
 multiturn=(--workload multiturn --clients 12 --rounds 5 --system-tokens 256
            --turn-tokens 1024,2048 --device-tokens 16384 --host-tokens 49152)
 documents=(--workload documents --clients 8 --rounds 5 --document-tokens 8192
-           --question-tokens 64 --device-tokens 16384 --host-tokens 32768)
+           --question-tokens 64 --device-tokens 16384 --host-tokens 81920)
 
-hicache engine bench "${common[@]}" "${multiturn[@]}" --backend file \
-  --config "{\"root\": \"$l3/multiturn\"}" --json "$out/multiturn-file.json" \
-  $(plot multiturn-file)
-hicache engine bench "${common[@]}" "${documents[@]}" --backend file \
-  --config "{\"root\": \"$l3/documents\"}" --json "$out/documents-file.json" \
-  $(plot documents-file)
+if want multiturn; then
+  hicache engine bench "${common[@]}" "${multiturn[@]}" --backend file \
+    --config "{\"root\": \"$l3/multiturn\"}" --json "$out/multiturn-file.json" \
+    $(plot multiturn-file)
+fi
+if want documents; then
+  hicache engine bench "${common[@]}" "${documents[@]}" --backend file \
+    --config "{\"root\": \"$l3/documents\"}" --json "$out/documents-file.json" \
+    $(plot documents-file)
+fi
+want mooncake || exit 0
 
 mc=$(python3 -c 'import mooncake, os; print(os.path.dirname(mooncake.__file__))')
 "$mc/mooncake_master" -rpc_address=127.0.0.1 -rpc_port=50151 -metrics_host=127.0.0.1 \

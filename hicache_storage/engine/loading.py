@@ -48,7 +48,8 @@ class LayerLoad:
     host_indices, device_indices
         The slots to copy (every request loaded before one forward, concatenated).
     max_gbps
-        Pace of the copy kernel (see :meth:`~hicache_storage.kernels.KVTransfer.load`); None for full speed.
+        Pace of the copy kernel (see :meth:`~hicache_storage.kernels.KVTransfer.load`); None
+        for full speed.
     """
 
     def __init__(

@@ -303,11 +303,20 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
     n, heads, dim = q.shape
     ctx, kv_heads, _ = k.shape
     group = heads // kv_heads
+    kt, vt = k.transpose(0, 1), v.transpose(0, 1)
+    if n == 1:
+        # Decode: the one query sees the whole context, so no mask; the query heads of a group
+        # become that key/value head's rows of queries, which avoids expanding K and V.
+        qd = q.view(kv_heads, group, dim)
+        return F.scaled_dot_product_attention(qd, kt, vt).reshape(1, heads * dim)
     # Query head h reads key/value head h // group (grouped-query attention).
     qg = q.view(n, kv_heads, group, dim).permute(1, 2, 0, 3)
-    kg = k.transpose(0, 1).unsqueeze(1).expand(kv_heads, group, ctx, dim)
-    vg = v.transpose(0, 1).unsqueeze(1).expand(kv_heads, group, ctx, dim)
-    out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=causal_lower_right(n, ctx))
+    kg = kt.unsqueeze(1).expand(kv_heads, group, ctx, dim)
+    vg = vt.unsqueeze(1).expand(kv_heads, group, ctx, dim)
+    if n == ctx:  # no cached prefix: plain causal attention (the fused kernels' fast path)
+        out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True)
+    else:
+        out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=causal_lower_right(n, ctx))
     return out.permute(2, 0, 1, 3).reshape(n, heads * dim)
 
 
