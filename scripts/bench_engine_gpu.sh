@@ -35,9 +35,9 @@ plot() { python3 -c 'import matplotlib' 2>/dev/null && echo "--plot=$out/$1.png"
 common=(--model 8b --device cuda --page-size 64 --chunk-tokens 8192 --max-new-tokens 4
         --concurrency 4 --prefetch-policy timeout --write-policy write_through)
 multiturn=(--workload multiturn --clients 12 --rounds 5 --system-tokens 256
-           --turn-tokens 1024,2048 --device-tokens 16384 --host-tokens 49152)
+           --turn-tokens 1024,2048 --device-tokens 40960 --host-tokens 65536)
 documents=(--workload documents --clients 8 --rounds 5 --document-tokens 8192
-           --question-tokens 64 --device-tokens 16384 --host-tokens 81920)
+           --question-tokens 64 --device-tokens 36864 --host-tokens 81920)
 
 if want multiturn; then
   hicache engine bench "${common[@]}" "${multiturn[@]}" --backend file \
