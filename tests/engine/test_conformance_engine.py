@@ -8,7 +8,6 @@ through the server-control hook. A server that cannot be started fails the test.
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 from collections.abc import Iterator, Sequence
@@ -28,16 +27,16 @@ from hicache_storage.conformance.engine import (
     check_engine,
 )
 from hicache_storage.conformance.factory import BackendFactory
-from hicache_storage.conformance.provision import LocalService, publish
+from hicache_storage.conformance.provision import LocalService
 from hicache_storage.conformance.report import load_report, run_suite
 from hicache_storage.conformance.server import find_server_control
 from hicache_storage.errors import ConfigError
 from hicache_storage.layers import ForwardingBackend
 
+from .conftest import THREEFS_GEOMETRY, THREEFS_TIMEOUT_S
+
 SERVER_CASES = ["write_through/wait_complete", "fresh_engine", "missing_pages", "failed_loads"]
 """What each server backend runs: a storage round trip, deleted pages and failing calls."""
-
-"""How the server cases fail while TierCache retries a failed write forever to make host room."""
 
 TIMINGS: dict[str, float] = {}
 
@@ -90,70 +89,7 @@ def test_file_passes_every_case(tmp_path: Path) -> None:
     assert report.check("missing_pages").stats["deleted_pages"] > 0
 
 
-# -- servers, provisioned as the backends' own tests do -------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def redis_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalService]:
-    from hicache_storage.backends.redis import provision
-
-    service = provision.standalone(tmp_path_factory.mktemp("engine-redis"))
-    with service, publish(service):
-        yield service
-
-
-@pytest.fixture(scope="module")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalService]:
-    from hicache_storage.backends.redis import provision
-
-    service = provision.cluster(tmp_path_factory.mktemp("engine-redis-cluster"))
-    with service, publish(service):
-        yield service
-
-
-@pytest.fixture(scope="module")
-def s3_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalService]:
-    from hicache_storage.backends.s3 import provision
-
-    service = provision.seaweedfs(tmp_path_factory.mktemp("engine-s3"))
-    env = provision.credentials_env(service)
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    try:
-        with service, publish(service):
-            yield service
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-@pytest.fixture(scope="module")
-def mooncake_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalService]:
-    from hicache_storage.backends.mooncake.provision import local_store
-
-    with local_store(tmp_path_factory.mktemp("engine-mooncake")) as master:
-        yield master
-
-
-THREEFS_GEOMETRY: dict[str, Any] = {"file_size": 32 << 20, "file_count": 2, "slot_bytes": 64 << 10}
-THREEFS_TIMEOUT_S = 1.5
-
-
-@pytest.fixture(scope="module")
-def metadata_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalService]:
-    from hicache_storage.backends.threefs.provision import metadata_service
-
-    service = metadata_service(
-        tmp_path_factory.mktemp("engine-metadata"),
-        token="t0ken",
-        lease_s=2.0,
-        timeout_s=THREEFS_TIMEOUT_S,
-    )
-    with service, publish(service):
-        yield service
+# -- servers (tests/engine/conftest.py) ------------------------------------------------------------
 
 
 def prefix(separator: str = "/") -> str:

@@ -19,7 +19,6 @@ import multiprocessing
 import os
 import secrets
 import time
-from collections.abc import Iterator
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -27,25 +26,18 @@ from typing import Any
 import pytest
 import torch
 
-from hicache_storage.backends.mooncake.provision import local_store
-from hicache_storage.backends.redis import provision as redis_provision
 from hicache_storage.backends.s3 import provision as s3_provision
-from hicache_storage.backends.threefs.provision import metadata_service
-from hicache_storage.conformance.provision import LocalService, publish
+from hicache_storage.conformance.provision import LocalService
 from hicache_storage.engine.model import LlamaModel
 from hicache_storage.engine.policies import PrefetchPolicy, WritePolicy
 
 from ._child import CONFIG, conversations, serve_job
+from .conftest import THREEFS_GEOMETRY, THREEFS_TIMEOUT_S
 
 PROMPTS = conversations(rounds=3, clients=2, seed=21)
 NEW_TOKENS = 4
 CHILD_TIMEOUT_S = 60.0
-MiB = 1 << 20
 
-# The 3FS backend's geometry and timeouts of tests/backends/threefs/conftest.py.
-THREEFS_GEOMETRY: dict[str, Any] = {"file_size": 32 * MiB, "file_count": 2, "slot_bytes": 64 << 10}
-THREEFS_LEASE_S = 2.0
-THREEFS_TIMEOUT_S = 1.5
 
 Target = tuple[str, dict[str, Any], dict[str, str]]
 """A backend name, its options and the environment its clients need."""
@@ -71,41 +63,6 @@ def expected() -> list[list[int]]:
         return [model.generate_no_cache(prompt, NEW_TOKENS) for prompt in PROMPTS]
     finally:
         torch.set_num_threads(threads)
-
-
-# ---- the backends' servers, provisioned as their own tests do ----------------------------------
-
-
-@pytest.fixture(scope="module")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalService]:
-    service = redis_provision.cluster(tmp_path_factory.mktemp("engine-redis-cluster"))
-    with service, publish(service):
-        yield service
-
-
-@pytest.fixture(scope="module")
-def mooncake_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalService]:
-    with local_store(tmp_path_factory.mktemp("engine-mooncake")) as master:
-        yield master
-
-
-@pytest.fixture(scope="module")
-def s3_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalService]:
-    service = s3_provision.seaweedfs(tmp_path_factory.mktemp("engine-s3"))
-    with service, publish(service):
-        yield service
-
-
-@pytest.fixture(scope="module")
-def threefs_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalService]:
-    service = metadata_service(
-        tmp_path_factory.mktemp("engine-3fs-metadata"),
-        token="t0ken",
-        lease_s=THREEFS_LEASE_S,
-        timeout_s=THREEFS_TIMEOUT_S,
-    )
-    with service, publish(service):
-        yield service
 
 
 def _prefix() -> str:
@@ -135,7 +92,7 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
         env = s3_provision.credentials_env(s3)
         return name, {**s3.options, "prefix": _prefix() + "/"}, env
     assert name == "3fs"
-    meta: LocalService = request.getfixturevalue("threefs_service")
+    meta: LocalService = request.getfixturevalue("metadata_service")
     options = {
         "path": str(tmp_path / "3fs-data"),
         **THREEFS_GEOMETRY,
