@@ -50,9 +50,15 @@ def private_service(tmp_path: Path) -> Iterator[LocalService]:
 
 @pytest.fixture
 def persistent_service(tmp_path: Path) -> Iterator[LocalService]:
-    """A service of its own that persists its map to a snapshot and journal."""
+    """A service of its own that persists its map to a snapshot and journal.
+
+    Its reservations' lease is long (60 s): the test that uses it kills and restarts the service
+    while a reservation is pending, which takes longer than the other services' 2 s lease on a
+    loaded machine (the reservation then expires, as it should, and the check of its survival
+    fails for the wrong reason).
+    """
     service = metadata_service(
-        tmp_path / "metadata", snapshot=True, lease_s=LEASE_S, timeout_s=TIMEOUT_S
+        tmp_path / "metadata", snapshot=True, lease_s=60.0, timeout_s=TIMEOUT_S
     )
     with service:
         yield service
