@@ -41,6 +41,12 @@ class Capabilities:
         first-wins ``set``) on one instance may still report a key that another instance over the
         same store deleted. ``0`` (the default) promises no staleness: a backend that caches
         existence states its cache's lifetime here. ``get`` is never stale.
+    foreign_names
+        Objects are named as another system names them (the file backend's SGLang-compatible
+        naming), so callers must use that system's exact keys, which do not say what the bytes
+        mean (no :class:`~hicache_storage.keys.format.ObjectFormat` tag). Such a backend keeps
+        the format itself and refuses, when a host pool is registered, a pool whose format
+        differs from the one its store holds under the same key suffix.
     """
 
     persistent: bool = False
@@ -53,6 +59,7 @@ class Capabilities:
     atomic_first_wins: bool = False
     max_value_size: int | None = None
     exists_stale_s: float = 0.0
+    foreign_names: bool = False
 
     def claimed(self) -> list[str]:
         """Return the names of the boolean capabilities this record claims, in field order."""

@@ -13,7 +13,9 @@ SGLang loads a storage backend it does not ship through its ``dynamic`` backend:
 takes this rank's position from SGLang's ``HiCacheStorageConfig``, and builds the backend with
 :func:`hicache_storage.open_backend`'s default layers, so storage failures are counted misses.
 SGLang passes bare page hashes; the adapter turns them into keys with the deployment's key
-scheme (SGLang ``HiCacheFile``'s names by default) and moves pages zero-copy between SGLang's
+scheme (``HiCacheFile``'s names followed by the host pool's object-format tag, or exactly
+``HiCacheFile``'s names where the backend stores them for SGLang, ``foreign_names``, and guards
+the format itself) and moves pages zero-copy between SGLang's
 host pool, adopted in place as a :class:`~hicache_storage.hostpool.HostKVPool`, and the backend.
 
 This module is the only one that imports SGLang (``docs/sglang.md``).
@@ -21,7 +23,9 @@ This module is the only one that imports SGLang (``docs/sglang.md``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,11 +45,11 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from hicache_storage.backend import StorageBackend
 from hicache_storage.buffers import as_readable, as_writable
-from hicache_storage.config import HiCacheConfig, load_config, read_source
+from hicache_storage.config import HiCacheConfig, env_overrides, load_config, read_source
 from hicache_storage.errors import ConfigError, HostPoolError, InvalidValueError
 from hicache_storage.factory import open_backend
 from hicache_storage.hostpool import HostKVPool, MHAHostPool, MLAHostPool, UnifiedObjectPool
-from hicache_storage.keys import RankSuffixScheme, UnifiedPlan, logical_dtype
+from hicache_storage.keys import ObjectFormat, RankSuffixScheme, UnifiedPlan, logical_dtype
 
 __all__ = ["SGLANG_KEYS", "SGLangStorage", "adopt_host_pool", "config_from"]
 
@@ -89,7 +93,7 @@ def _extra_data(extra: Mapping[str, Any] | None) -> dict[str, Any]:
     for key in HiCacheConfig.__struct_fields__:
         if key in extra:
             data[key] = extra[key]
-    return data
+    return read_source(data)  # the inline keys' nesting and integers checked as a file's are
 
 
 def _rank_facts(storage_config: HiCacheStorageConfig) -> dict[str, Any]:
@@ -130,19 +134,27 @@ def config_from(storage_config: HiCacheStorageConfig) -> HiCacheConfig:
     ------
     ConfigError
         If the extra config is malformed or names unknown keys, for decode context parallelism
-        or split heads (no key definition yet), or when the config states a rank field that
-        contradicts SGLang's.
+        or split heads (no key definition yet), or when the config, a config file or a
+        ``HICACHE_*`` environment variable states a rank field that contradicts SGLang's.
     """
     data = _extra_data(storage_config.extra_config)
     deployment = data.get("deployment") or {}
     if not isinstance(deployment, Mapping):
         raise ConfigError(f"deployment must be an object, got {type(deployment).__name__}")
     deployment = dict(deployment)
+    from_env = env_overrides(os.environ).get("deployment")
+    from_env = from_env if isinstance(from_env, Mapping) else {}
     for name, value in _rank_facts(storage_config).items():
         if name in deployment and deployment[name] != value:
             raise ConfigError(
                 f"deployment.{name}={deployment[name]!r} contradicts SGLang's {value!r}; leave "
                 "the rank position out of the config, the adapter takes it from SGLang"
+            )
+        if name in from_env and from_env[name] != value:
+            raise ConfigError(
+                f"HICACHE_DEPLOYMENT__{name.upper()}={from_env[name]!r} contradicts SGLang's "
+                f"{value!r}; every rank inherits the environment, so the adapter takes the rank "
+                "position only from SGLang: unset the variable"
             )
         deployment[name] = value
     unified = deployment.get("unified")
@@ -361,6 +373,9 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
         target: HostKVPool | UnifiedObjectPool = pool
         if self._unified is not None:
             target = UnifiedObjectPool(pool, self._unified_plan_for(pool))
+        elif not self.backend.capabilities.foreign_names:
+            fmt = ObjectFormat.of_pool(pool, model=self.config.deployment.model_name)
+            self._scheme = dataclasses.replace(self._rank_suffix, object_format=fmt.tag)
         self.backend.register_host_pool(target)
         self._kv_pool = target
         self._page_nbytes = pool.page_nbytes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hicache_storage.keys.format import ObjectFormat
 from hicache_storage.keys.hashing import (
     HASH_ALGORITHM,
     chain_hashes,
@@ -27,6 +28,7 @@ __all__ = [
     "HASH_ALGORITHM",
     "MAX_KEY_LENGTH",
     "OBJECT_LAYOUTS",
+    "ObjectFormat",
     "KVNamespace",
     "KeyScheme",
     "KeySchemeError",

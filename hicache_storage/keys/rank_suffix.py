@@ -7,6 +7,11 @@ TP part is dropped and only rank 0 writes. Pipeline and context parallelism spli
 further and always add their own suffix parts when in use. The suffix is SGLang 0.5's, byte
 for byte (an empty model name leaves an empty part: ``<hash>__0_1``), so one store can be shared
 with SGLang deployments.
+
+With an ``object_format`` (the :attr:`~hicache_storage.keys.format.ObjectFormat.tag` of the
+pages' dtype, geometry and layout) the suffix ends in ``_f<tag>``: writers whose bytes mean
+different things never share a key. Without it the keys are SGLang's, and only the model name
+and the ranks tell writers apart.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hicache_storage.errors import ConfigError, InvalidKeyError
+from hicache_storage.keys.format import is_format_tag
 from hicache_storage.keys.validation import MAX_KEY_LENGTH, validate_key
 
 __all__ = ["RankSuffixScheme", "sanitize_model_name"]
@@ -46,11 +52,15 @@ class RankSuffixScheme:
         Tensor-, pipeline- and context-parallel rank and world size of this worker.
     is_mla
         Whether the model uses MLA, whose KV is identical on every TP rank.
+    object_format
+        The :class:`~hicache_storage.keys.format.ObjectFormat` tag of the pages, or ``""``
+        for SGLang's exact names (which do not say what the bytes mean).
 
     Raises
     ------
     ConfigError
-        If a size is below 1, a rank is outside ``[0, size)``, or the model name would make
+        If a size is below 1, a rank is outside ``[0, size)``, ``object_format`` is not a
+        format tag, or the model name would make
         keys that break the key rule (characters other than letters, digits, ``_``, ``-``,
         ``.`` and ``/``, a ``..``, or keys longer than
         :data:`~hicache_storage.keys.validation.MAX_KEY_LENGTH`).
@@ -64,7 +74,9 @@ class RankSuffixScheme:
     cp_rank: int = 0
     cp_size: int = 1
     is_mla: bool = False
+    object_format: str = ""
     _suffix: str = field(init=False, repr=False, compare=False)
+    _base: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_name, str):
@@ -81,6 +93,13 @@ class RankSuffixScheme:
             if not 0 <= rank < size:
                 raise ConfigError(f"{kind}_rank must be in [0, {kind}_size={size}), got {rank}")
 
+        if not isinstance(self.object_format, str) or (
+            self.object_format and not is_format_tag(self.object_format)
+        ):
+            raise ConfigError(
+                f"object_format must be an ObjectFormat tag (16 hex digits) or empty, got "
+                f"{self.object_format!r}"
+            )
         parts = [sanitize_model_name(self.model_name)]
         if not self.is_mla:
             parts += [str(self.tp_rank), str(self.tp_size)]
@@ -88,7 +107,8 @@ class RankSuffixScheme:
             parts += [str(self.pp_size), str(self.pp_rank)]
         if self.cp_size > 1:
             parts += [f"cp{self.cp_rank}", str(self.cp_size)]
-        suffix = "".join(f"_{part}" for part in parts)
+        base = "".join(f"_{part}" for part in parts)
+        suffix = f"{base}_f{self.object_format}" if self.object_format else base
         if _HASH_LENGTH + len(suffix) > MAX_KEY_LENGTH:
             raise ConfigError(
                 f"model_name is too long: keys would be {_HASH_LENGTH + len(suffix)} characters,"
@@ -103,6 +123,7 @@ class RankSuffixScheme:
                 "its keys; name the model with letters, digits, '_', '-', '.' and '/'"
             ) from None
         object.__setattr__(self, "_suffix", suffix)
+        object.__setattr__(self, "_base", base)
 
     @property
     def suffix(self) -> str:
@@ -133,12 +154,20 @@ class RankSuffixScheme:
         return [h + suffix for h in page_hashes]
 
     def owns(self, key: str) -> bool:
-        """Whether ``key`` is a page hash followed by exactly this rank's suffix.
+        """Whether ``key`` is a page hash followed by this rank's suffix, of any object format.
 
-        Backends use it so that a rank only evicts or clears its own objects.
+        Backends use it so that a rank only evicts or clears its own objects: those it wrote
+        with SGLang's names and those of every format tag (a rank that changed its host layout
+        still owns what it wrote before).
         """
+        if _HASH.fullmatch(key, 0, _HASH_LENGTH) is None:
+            return False
+        rest = key[_HASH_LENGTH:]
+        if rest == self._base:
+            return True
+        base = len(self._base)
         return (
-            len(key) == _HASH_LENGTH + len(self._suffix)
-            and key.endswith(self._suffix)
-            and _HASH.fullmatch(key, 0, _HASH_LENGTH) is not None
+            rest.startswith(self._base)
+            and rest[base : base + 2] == "_f"
+            and is_format_tag(rest[base + 2 :])
         )

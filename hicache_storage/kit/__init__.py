@@ -8,7 +8,10 @@ Everything here is public API, used by the built-in backends and the same for th
   handling short transfers and ``IOV_MAX``;
 * :mod:`~hicache_storage.kit.files`: the fan-out path scheme (:class:`FanoutPaths`) and the
   temp-file-then-link writer (:class:`AtomicFiles`) of one-file-per-key backends;
-* :mod:`~hicache_storage.kit.guard`: :func:`closed_guard`, refusing calls after ``close()``;
+* :mod:`~hicache_storage.kit.formats`: :class:`FormatManifest`, the per-directory record of
+  what objects' bytes mean, for namings whose keys cannot say it;
+* :mod:`~hicache_storage.kit.guard`: :func:`closed_guard`, refusing calls after ``close()`` and
+  releasing nothing under a call in flight (:class:`CallGate`);
 * :mod:`~hicache_storage.kit.faults`: :class:`MediumFaults`, the fault hook that lets the
   conformance suite make a server-less medium fail on demand;
 * :mod:`~hicache_storage.kit.baseline`: the :class:`Baseline` interface of ``hicache bench``.
@@ -22,7 +25,8 @@ from .baseline import V1_CALLS, Baseline, PageBaseline
 from .errors import ErrorMap, Rule, is_missing
 from .faults import FAULT_KINDS, OPS, POSIX_ERRORS, MediumFaults
 from .files import TEMP_MARK, AtomicFiles, FanoutPaths, fsync_dir, is_temp, temp_name
-from .guard import GUARDED, closed_guard
+from .formats import MANIFEST_PREFIX, FormatManifest
+from .guard import DRAIN_S, GUARDED, CallGate, closed_guard, gate_of
 from .pageio import (
     IOV_MAX,
     flat,
@@ -35,23 +39,28 @@ from .pageio import (
 )
 
 __all__ = [
+    "DRAIN_S",
     "FAULT_KINDS",
     "GUARDED",
     "IOV_MAX",
+    "MANIFEST_PREFIX",
     "OPS",
     "POSIX_ERRORS",
     "TEMP_MARK",
     "V1_CALLS",
     "AtomicFiles",
     "Baseline",
+    "CallGate",
     "ErrorMap",
     "FanoutPaths",
+    "FormatManifest",
     "MediumFaults",
     "PageBaseline",
     "Rule",
     "closed_guard",
     "flat",
     "fsync_dir",
+    "gate_of",
     "is_missing",
     "is_temp",
     "nbytes",

@@ -16,7 +16,8 @@ from sglang.srt.mem_cache.pool_host.group import HostPoolGroup, PoolEntry
 from sglang.srt.mem_cache.utils import get_hash_str
 
 from hicache_storage.backends.redis import provision as redis_provision
-from hicache_storage.integrations.sglang import SGLangStorage
+from hicache_storage.integrations.sglang import SGLangStorage, adopt_host_pool
+from hicache_storage.keys import ObjectFormat
 
 from .helpers import (
     ADAPTER,
@@ -115,7 +116,9 @@ def test_mla_tp2_ranks_share_one_object_per_page_and_only_rank_0_writes(tmp_path
     assert backup(cc0, src, tokens) == len(tokens)
     names = sorted(p.name for p in tmp_path.iterdir())
     hashes = get_hash_str(tokens, None, page_size=PAGE)
-    assert [n for n in names if not n.startswith(".")] == sorted(f"{h}_org-model" for h in hashes)
+    tag = ObjectFormat.of_pool(adopt_host_pool(rank0.host), model="org/model").tag
+    expected = sorted(f"{h}_org-model_f{tag}" for h in hashes)
+    assert [n for n in names if not n.startswith(".")] == expected, "one object per page, tagged"
 
     set_rank(1, 2)
     rank1 = make_pools("mla", "page_first_direct")

@@ -18,6 +18,7 @@ from sglang.srt.mem_cache.utils import get_hash_str, get_storage_hash_str, stora
 
 from hicache_storage.config import Deployment
 from hicache_storage.keys import chain_hashes, namespace_seed, page_hashes
+from hicache_storage.kit import MANIFEST_PREFIX
 
 from .helpers import (
     PAGE,
@@ -166,5 +167,9 @@ def test_a_directory_is_shared_with_sglangs_hicache_file_both_ways(
     assert all(torch.equal(a, b) for a, b in zip(got[:2], written_by_sglang, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(got[2:], extended[2:], strict=True))
     sgl.detach_storage_backend()
-    names = sorted(p.name for p in tmp_path.iterdir())
+    names = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(MANIFEST_PREFIX))
     assert all(n.endswith(".bin") for n in names) and len(names) == 4
+    manifests = [p.name for p in tmp_path.iterdir() if p.name.startswith(MANIFEST_PREFIX)]
+    assert manifests == [f"{MANIFEST_PREFIX}_org-model_0_1.json"] if kind == "mha" else [
+        f"{MANIFEST_PREFIX}_org-model.json"
+    ], "our instance records the format of the objects it shares under SGLang's names"
