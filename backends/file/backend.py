@@ -53,17 +53,20 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Buffer
 
-from hicache_storage.backend import StorageBackend
+from hicache_storage.backend import HostPool, StorageBackend
 from hicache_storage.buffers import as_readable, as_writable
 from hicache_storage.capabilities import Capabilities
 from hicache_storage.config import Deployment
 from hicache_storage.errors import BufferSizeError, HiCacheError, InvalidKeyError
+from hicache_storage.hostpool import HostKVPool
 from hicache_storage.integrity import RECORD_BYTES, seal, verify
+from hicache_storage.keys.format import ObjectFormat
 from hicache_storage.keys.validation import validate_key
 from hicache_storage.kit import (
     AtomicFiles,
     ErrorMap,
     FanoutPaths,
+    FormatManifest,
     MediumFaults,
     closed_guard,
     flat,
@@ -175,7 +178,9 @@ class FileBackend(StorageBackend):
             crash_safe_writes=True,
             atomic_first_wins=True,
             exists_stale_s=config.metadata_ttl_s if config.metadata_cache else 0.0,
+            foreign_names=self._compat,
         )
+        self._formats = FormatManifest(self.root)
         self._owns: Callable[[str], bool] = (
             self.deployment.scheme().owns if config.ownership == "rank" else _owns_everything
         )
@@ -193,6 +198,36 @@ class FileBackend(StorageBackend):
         self._scan()
 
     # -- the contract ---------------------------------------------------------------------------
+
+    def register_host_pool(self, pool: HostPool) -> None:
+        """Attach ``pool``; with SGLang's names, first check that its format is the store's.
+
+        SGLang's names carry only the model name and the ranks, so the format of the objects
+        under this rank's suffix is kept in a :class:`~hicache_storage.kit.FormatManifest`.
+
+        Raises
+        ------
+        ConfigError
+            With ``naming="sglang_file_compat"``, if the directory holds objects of another
+            model format (dtype, geometry or layout) under this deployment's key suffix.
+        """
+        if self._compat and isinstance(pool, HostKVPool):
+            fmt = ObjectFormat.of_pool(pool, model=self.deployment.model_name)
+            suffix = self.deployment.rank_suffix().suffix
+            self._formats.claim(suffix, fmt, lambda: self._holds_suffix(suffix))
+        super().register_host_pool(pool)
+
+    def _holds_suffix(self, suffix: str) -> bool:
+        """Whether ``root`` holds an object whose key ends in ``suffix`` (SGLang's flat names)."""
+        ending = suffix + SGLANG_SUFFIX
+        try:
+            with os.scandir(self.root) as entries:
+                return any(
+                    entry.name.endswith(ending) and _is_key(entry.name[: -len(SGLANG_SUFFIX)])
+                    for entry in entries
+                )
+        except OSError as exc:
+            raise _io_error(f"list {self.root!r}", exc) from exc
 
     def get(self, key: str, out: Buffer | None = None) -> Buffer | None:
         """Return the value of ``key`` (``bytes``), or read it into ``out``; None on a miss.

@@ -8,13 +8,15 @@ ranks. :class:`FormatManifest` closes that gap: the first instance that register
 publishes the pool's format for its key suffix in ``.hicache-format<suffix>.json`` (first writer
 wins, atomically), and every later instance whose pool's format differs is refused at
 registration with a :class:`~hicache_storage.errors.ConfigError` instead of reading foreign bytes
-as hits. The manifest's name starts with a dot, so no key can name it.
+as hits, as long as objects under that suffix remain (once none is left, the new format takes
+the manifest over). The manifest's name starts with a dot, so no key can name it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 
 import msgspec
 
@@ -42,11 +44,14 @@ class FormatManifest:
         self.directory = directory
 
     def path(self, suffix: str) -> str:
-        """The manifest of the objects whose keys end in ``suffix``."""
+        """Return the path of the manifest of the objects whose keys end in ``suffix``."""
         return os.path.join(self.directory, f"{MANIFEST_PREFIX}{suffix}.json")
 
-    def claim(self, suffix: str, fmt: ObjectFormat) -> None:
+    def claim(self, suffix: str, fmt: ObjectFormat, occupied: Callable[[], bool]) -> None:
         """Publish ``fmt`` for ``suffix`` unless one is published; refuse any other format.
+
+        ``occupied`` answers whether any object under ``suffix`` is stored: a manifest of
+        another format over no object is replaced instead of refused.
 
         Raises
         ------
@@ -77,10 +82,23 @@ class FormatManifest:
                 f"{path!r} is not an object format manifest this version reads ({exc}); the "
                 "objects beside it cannot be trusted: use another directory"
             ) from None
-        if stored != fmt:
+        if stored != fmt and not occupied():
+            self._replace(path, fmt)
+        elif stored != fmt:
             raise ConfigError(
                 f"{self.directory!r} holds objects of {stored.describe()} under the key suffix "
                 f"{suffix!r}; this host pool's pages are {fmt.describe()}. Their bytes mean "
                 "different things under the same names: use another directory (or model name) "
                 f"for this deployment, or remove the old objects and {path!r}"
             )
+
+    def _replace(self, path: str, fmt: ObjectFormat) -> None:
+        temp = os.path.join(self.directory, temp_name(os.path.basename(path).lstrip(".")))
+        try:
+            with open(temp, "xb") as handle:
+                handle.write(msgspec.json.encode(fmt))
+            os.replace(temp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise BackendIOError(f"object format manifest {path!r}: {exc}") from exc

@@ -170,6 +170,5 @@ def test_a_directory_is_shared_with_sglangs_hicache_file_both_ways(
     names = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(MANIFEST_PREFIX))
     assert all(n.endswith(".bin") for n in names) and len(names) == 4
     manifests = [p.name for p in tmp_path.iterdir() if p.name.startswith(MANIFEST_PREFIX)]
-    assert manifests == [f"{MANIFEST_PREFIX}_org-model_0_1.json"] if kind == "mha" else [
-        f"{MANIFEST_PREFIX}_org-model.json"
-    ], "our instance records the format of the objects it shares under SGLang's names"
+    suffix = "_org-model_0_1" if kind == "mha" else "_org-model"
+    assert manifests == [f"{MANIFEST_PREFIX}{suffix}.json"], "ours records the objects' format"

@@ -1,4 +1,4 @@
-"""Through SGLang's own factory: rank facts only from SGLang, and objects that say what they hold."""
+"""Through SGLang's factory: rank facts only from SGLang; objects that say what they hold."""
 
 from __future__ import annotations
 
