@@ -20,10 +20,20 @@ A request goes through it in three calls:
 Room is made by evicting least recently used unlocked leaves: device pages go to the host (copied
 first unless there), host pages go to storage (written first unless stored; an eviction waits for
 such a write rather than lose the page). A storage failure is a miss: the request recomputes.
+
+Stored objects say what their bytes mean. The pools must agree (dtype, layers, KV heads, head dim,
+page size, MHA or MLA) or construction fails with a :class:`~.errors.PoolMismatchError`. Under the
+rank-suffix scheme every key ends in the :class:`~hicache_storage.keys.format.ObjectFormat` tag of
+the host pool and of the model (:meth:`TierCache.bind_model`, which the engine calls), so a reader
+of another model, dtype, geometry or host layout misses instead of reading foreign bytes. Under
+the unified scheme the namespace digest carries the same facts: its plan must describe the device
+pool, and pages move as the plan's objects (:class:`~hicache_storage.hostpool.UnifiedObjectPool`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,10 +42,18 @@ import torch
 
 from hicache_storage.backend import StorageBackend
 from hicache_storage.errors import ConfigError, HostPoolError
-from hicache_storage.hostpool import HostKVPool, PageAllocator
+from hicache_storage.hostpool import HostKVPool, PageAllocator, UnifiedObjectPool
 from hicache_storage.kernels import DevicePool, KVTransfer
-from hicache_storage.keys import KeyScheme, RankSuffixScheme
+from hicache_storage.keys import (
+    KeyScheme,
+    KeySchemeError,
+    ObjectFormat,
+    RankSuffixScheme,
+    UnifiedPlan,
+    logical_dtype,
+)
 
+from .errors import PoolMismatchError
 from .loading import LayerLoad, LoadTiming
 from .policies import PrefetchPolicy, PrefetchTimeout, WritePolicy, prefetch_done_waiting
 from .radix import MatchResult, Node, RadixTree, Tier
@@ -50,6 +68,67 @@ _WRITE_WAIT_S = 0.05
 def _positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name} must be a positive int, got {value!r}")
+
+
+def _device_geometry(pool: DevicePool, page_size: int) -> str:
+    dim = math.prod(pool.row_shape[1:])
+    kind = "MLA" if pool.is_mla else f"MHA {pool.row_shape[0]} KV heads x"
+    dtype = str(pool.dtype).removeprefix("torch.")
+    return f"{kind} {dim} per head, {pool.layer_num} layers, {dtype}, {page_size}-token pages"
+
+
+def _host_geometry(pool: HostKVPool) -> str:
+    mla = pool.is_mla
+    dim = getattr(pool, "kv_cache_dim" if mla else "head_dim", None)
+    kind = "MLA" if mla else f"MHA {getattr(pool, 'head_num', None)} KV heads x"
+    dtype = str(pool.dtype).removeprefix("torch.")
+    return f"{kind} {dim} per head, {pool.layer_num} layers, {dtype}, {pool.page_size}-token pages"
+
+
+def _check_pools(device: DevicePool, host: HostKVPool, page_size: int) -> None:
+    """Refuse a host pool whose pages would not hold the device pool's KV, naming both sides.
+
+    Equal row bytes are not enough: 4 heads x 8 and 2 heads x 16 copy without error, and a
+    layout that orders a page by head (``page_head``) then gives the model wrong KV.
+    """
+    if _host_geometry(host) != _device_geometry(device, page_size):
+        raise PoolMismatchError(
+            f"the host pool ({_host_geometry(host)}) does not hold the device pool's KV "
+            f"({_device_geometry(device, page_size)}); build both for the model's geometry, "
+            f"dtype and the cache's page size"
+        )
+
+
+def _check_plan(plan: UnifiedPlan, device: DevicePool, page_size: int) -> None:
+    """Refuse a unified plan whose namespace does not describe the device pool's KV."""
+    space = plan.namespace
+    problems = []
+    try:
+        dtype = logical_dtype(device.dtype)
+    except KeySchemeError as exc:
+        problems.append(str(exc))
+    else:
+        if dtype != space.dtype:
+            problems.append(f"dtype {space.dtype} != the pools' {dtype}")
+    if space.page_size != page_size:
+        problems.append(f"page_size {space.page_size} != the cache's {page_size}")
+    layers = (plan.objects[0].layers.start, plan.objects[-1].layers.stop)
+    if layers != (0, device.layer_num):
+        problems.append(f"layers [{layers[0]}, {layers[1]}) != the model's [0, {device.layer_num})")
+    if space.rank_replicated != device.is_mla:
+        problems.append("an MLA pool needs an MLA namespace and an MHA pool an MHA one")
+    elif not device.is_mla:
+        local = max(obj.pool_heads.stop for obj in plan.objects)
+        heads = device.row_shape[0]
+        if (local, space.total_kv_heads) != (heads, heads):
+            problems.append(
+                f"{local} local of {space.total_kv_heads} KV heads != the model's {heads}"
+            )
+    if problems:
+        raise ConfigError(
+            f"the unified scheme's namespace ({space.model_id!r}) does not describe this "
+            f"engine's KV ({_device_geometry(device, page_size)}): " + "; ".join(problems)
+        )
 
 
 @dataclass(frozen=True)
@@ -195,11 +274,19 @@ class TierCache:
         Page size and policies.
     scheme
         How page hashes become storage keys; the default is a single rank's rank-suffix scheme.
+        A :class:`RankSuffixScheme` without an ``object_format`` gets the host pool's (with the
+        model's identity once :meth:`bind_model` names it), unless the backend keeps a foreign
+        naming (``capabilities.foreign_names``), which must stay exact. A
+        :class:`~hicache_storage.keys.UnifiedPlan` stores each page as the plan's objects.
 
     Raises
     ------
-    ConfigError, HostPoolError
-        If the pools disagree with each other or with ``config.page_size``.
+    PoolMismatchError
+        If the pools disagree with each other or with ``config.page_size`` (a
+        :class:`ConfigError` and a :class:`HostPoolError`).
+    ConfigError
+        If a unified plan does not describe the pools, or a scheme has several keys per page
+        without being a unified plan.
     """
 
     def __init__(
@@ -213,30 +300,42 @@ class TierCache:
     ) -> None:
         if backend is not None and host_pool is None:
             raise ConfigError("a storage tier needs a host pool to stage its pages")
-        if host_pool is not None and host_pool.page_size != config.page_size:
-            raise HostPoolError(
-                f"host pool pages hold {host_pool.page_size} tokens, the cache's {config.page_size}"
-            )
+        if host_pool is not None:
+            _check_pools(device_pool, host_pool, config.page_size)
         if device_pool.size % config.page_size:
-            raise HostPoolError(
+            raise PoolMismatchError(
                 f"the device pool's {device_pool.size} slots are not whole "
                 f"{config.page_size}-token pages"
+            )
+        self.objects: UnifiedObjectPool | None = None
+        if isinstance(scheme, UnifiedPlan):
+            _check_plan(scheme, device_pool, config.page_size)
+            if host_pool is not None:
+                self.objects = UnifiedObjectPool(host_pool, scheme)
+        elif scheme is not None and scheme.keys_per_page != 1:
+            raise ConfigError(
+                f"a key scheme of {scheme.keys_per_page} keys per page must be a UnifiedPlan "
+                "(the cache moves multi-object pages as the plan's objects)"
             )
         self.config = config
         self.device_pool = device_pool
         self.host_pool = host_pool
         self.backend = backend
-        self.scheme = scheme or RankSuffixScheme()
+        self._given_scheme = scheme or RankSuffixScheme()
+        self._exact_names = backend is not None and backend.capabilities.foreign_names
+        self._model: str | None = None
+        self.scheme = self._scheme_for("")
         self.tree = RadixTree(config.page_size)
         self.device_alloc = PageAllocator(device_pool.size, config.page_size)
         self.transfer = None if host_pool is None else KVTransfer(device_pool, host_pool)
         self.io: StorageIO | None = None
         if backend is not None and host_pool is not None:
-            backend.register_host_pool(host_pool)
+            backend.register_host_pool(host_pool if self.objects is None else self.objects)
             self.io = StorageIO(
                 backend,
                 read_batch_pages=config.read_batch_pages,
                 write_capacity=config.write_queue,
+                object_indices=None if self.objects is None else self.objects.object_indices,
             )
         self.stats = CacheStats()
         self.token_bytes = device_pool.row_nbytes * device_pool.num_kv * device_pool.layer_num
@@ -251,6 +350,47 @@ class TierCache:
         self._write_failed: set[int] = set()
         self._loads: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._closed = False
+
+    # -- keys -------------------------------------------------------------------------------------
+
+    def bind_model(self, identity: str) -> None:
+        """Name the model whose KV this cache holds; its keys then carry the identity.
+
+        The engine calls it with :attr:`LlamaModel.identity
+        <hicache_storage.engine.model.LlamaModel.identity>`. A unified plan's namespace names
+        the model itself (its ``model_id``) and is left as given.
+
+        Raises
+        ------
+        ConfigError
+            If the cache already serves another model, or the scheme's explicit
+            ``object_format`` is not this model's over this host pool.
+        """
+        if self._model == identity:
+            return
+        if self._model is not None:
+            raise ConfigError(
+                f"this cache holds the KV of model {self._model!r}; model {identity!r} needs a "
+                "cache of its own"
+            )
+        self.scheme = self._scheme_for(identity, bound=True)
+        self._model = identity
+
+    def _scheme_for(self, model: str, *, bound: bool = False) -> KeyScheme:
+        """Return the given scheme; a rank-suffix one tagged with its page objects' format."""
+        given = self._given_scheme
+        if not isinstance(given, RankSuffixScheme) or self.host_pool is None or self._exact_names:
+            return given
+        fmt = ObjectFormat.of_pool(self.host_pool, model=model)
+        if not given.object_format:
+            return dataclasses.replace(given, object_format=fmt.tag)
+        if bound and given.object_format != fmt.tag:
+            raise ConfigError(
+                f"the key scheme's object_format {given.object_format} is not the format of "
+                f"this engine's pages ({fmt.describe()}: {fmt.tag}); leave object_format empty "
+                "and the cache sets it"
+            )
+        return given
 
     # -- a request's path -------------------------------------------------------------------------
 
@@ -340,7 +480,7 @@ class TierCache:
     def ready(self, lookup: Lookup) -> bool:
         """Whether the prefetch policy lets the request be scheduled now."""
         fetch = lookup.fetch
-        if fetch is None:
+        if fetch is None or (self.io is not None and not self.io.alive):
             return True
         return prefetch_done_waiting(
             self.config.prefetch_policy,
@@ -369,30 +509,38 @@ class TierCache:
         self._check_open()
         page = self.config.page_size
         match = self.tree.match_prefix(lookup.tokens, seed=lookup.seed, touch=False)
-        self.tree.lock(match.last_node)
+        node = match.last_node
+        self.tree.lock(node)
         need = -(-(total_tokens - match.device_len) // page) * page
         if need > self.device_alloc.available_size() + self._evictable_device_tokens():
-            self.tree.unlock(match.last_node)
-            return None
-        node = match.last_node
-        storage_hit = self._finish_fetch(lookup)
-        if storage_hit:
-            rematch = self.tree.match_prefix(lookup.tokens, seed=lookup.seed, touch=False)
-            self.tree.lock(rematch.last_node)
             self.tree.unlock(node)
-            match, node = rematch, rematch.last_node
-        device_hit = match.device_len
-        for host_node in match.host_nodes:
-            self._schedule_load(host_node)
-        path = [n for n in self.tree.path(node) if not n.is_root]
-        prefix = [n.device_indices for n in path if n.device_indices is not None]
-        cached = match.matched_len
-        fresh = self.alloc_device(total_tokens - cached)
-        slots = torch.cat([*prefix, fresh]) if prefix else fresh
-        if self.config.write_policy is WritePolicy.WRITE_THROUGH_SELECTIVE:
-            hot = [n for n in path if n.hit_count >= self.config.backup_after_hits]
-            if hot:
-                self._write_through(hot[-1])
+            return None
+        fresh: torch.Tensor | None = None
+        try:
+            storage_hit = self._finish_fetch(lookup)
+            # Match again: the fetch's pages may split nodes of the first match (pages the tree
+            # gained while the fetch ran), which would then name other stretches.
+            match = self.tree.match_prefix(lookup.tokens, seed=lookup.seed, touch=False)
+            self.tree.lock(match.last_node)
+            self.tree.unlock(node)
+            node = match.last_node
+            device_hit = match.device_len
+            for host_node in match.host_nodes:
+                self._schedule_load(host_node)
+            path = [n for n in self.tree.path(node) if not n.is_root]
+            prefix = [n.device_indices for n in path if n.device_indices is not None]
+            cached = match.matched_len
+            fresh = self.alloc_device(total_tokens - cached)
+            slots = torch.cat([*prefix, fresh]) if prefix else fresh
+            if self.config.write_policy is WritePolicy.WRITE_THROUGH_SELECTIVE:
+                hot = [n for n in path if n.hit_count >= self.config.backup_after_hits]
+                if hot:
+                    self._write_through(hot[-1])
+        except BaseException:  # give back what this admission took; loads already queued stay
+            self.tree.unlock(node)
+            if fresh is not None and fresh.numel():
+                self.device_alloc.free(fresh)
+            raise
         storage_hit = min(storage_hit, cached - device_hit)
         host_hit = cached - device_hit - storage_hit
         self.stats.device_hit_tokens += device_hit
@@ -446,19 +594,20 @@ class TierCache:
         page = self.config.page_size
         keep = len(tokens) // page * page if self.config.prefix_cache else 0
         keep = max(min(keep, slots.numel()), 0)
-        if keep >= lease.cached:
-            result = self.tree.insert(
-                tuple(int(t) for t in tokens[:keep]), held[:keep], seed=lease.seed
-            )
-            taken_from = max(lease.cached, result.existing_len)
-            freed = torch.cat([held[lease.cached : taken_from], held[keep:]])
-            last = result.node
-        else:
-            freed = held[lease.cached :]
-            last = lease.node
-        if freed.numel():
-            self.device_alloc.free(freed)
-        self.tree.unlock(lease.node)
+        freed = held[lease.cached :]
+        last = lease.node
+        try:
+            if keep >= lease.cached:
+                result = self.tree.insert(
+                    tuple(int(t) for t in tokens[:keep]), held[:keep], seed=lease.seed
+                )
+                taken_from = max(lease.cached, result.existing_len)
+                freed = torch.cat([held[lease.cached : taken_from], held[keep:]])
+                last = result.node
+        finally:  # a refused insert changed nothing: every slot past the prefix is freed
+            if freed.numel():
+                self.device_alloc.free(freed)
+            self.tree.unlock(lease.node)
         self.stats.computed_tokens += max(len(tokens) - lease.cached, 0)
         if self.config.write_policy is WritePolicy.WRITE_THROUGH and keep:
             self._write_through(last)
@@ -559,7 +708,11 @@ class TierCache:
         if host is None or self.transfer is None:
             raise HostPoolError(f"{node!r} is not on the host")
         device = self.alloc_device(host.numel())
-        self.tree.attach_device(node, device)
+        try:
+            self.tree.attach_device(node, device)
+        except BaseException:
+            self.device_alloc.free(device)
+            raise
         self._loads.append((host, device))
         self.stats.pages_loaded += host.numel() // self.config.page_size
 
@@ -603,7 +756,7 @@ class TierCache:
     def _store_later(self, node: Node) -> bool:
         """Queue a host node's pages for storage, its host copy pinned until written."""
         host = node.host_indices
-        if self.io is None or host is None:
+        if self.io is None or host is None or not self.scheme.is_writer:
             return False
         if node.id in self._writing:
             return True
@@ -656,27 +809,30 @@ class TierCache:
             self.stats.prefetch_pages_cut += short
         anchor = lookup.anchor
         tokens = read * page
-        fresh = tokens
-        if tokens:
-            assert fetch.host_indices is not None
-            got = fetch.host_indices[:tokens]
-            result = self.tree.insert_host(
-                anchor,
-                lookup.tokens[lookup.anchor_len : lookup.anchor_len + tokens],
-                got,
-                stored=True,
-            )
-            if result.existing_len and self.host_pool is not None:
-                self.host_pool.free(got[: result.existing_len])
-            fresh -= result.existing_len
-            self.stats.pages_fetched += read
-            self.stats.storage_bytes_read += tokens * self.token_bytes
-        self._prefetch_held -= tokens
-        if fetch.host_indices is not None:
-            fetch.host_indices = fetch.host_indices[tokens:]
-        self._drain(fetch)
-        if not anchor.is_root:
-            self.tree.unpin_host(anchor)
+        inserted = fresh = 0
+        try:
+            if tokens:
+                assert fetch.host_indices is not None
+                got = fetch.host_indices[:tokens]
+                result = self.tree.insert_host(
+                    anchor,
+                    lookup.tokens[lookup.anchor_len : lookup.anchor_len + tokens],
+                    got,
+                    stored=True,
+                )
+                inserted = tokens
+                if result.existing_len and self.host_pool is not None:
+                    self.host_pool.free(got[: result.existing_len])
+                fresh = tokens - result.existing_len
+                self.stats.pages_fetched += read
+                self.stats.storage_bytes_read += tokens * self.token_bytes
+        finally:  # slots the tree did not take go back with the rest of the fetch's
+            self._prefetch_held -= inserted
+            if fetch.host_indices is not None:
+                fetch.host_indices = fetch.host_indices[inserted:]
+            self._drain(fetch)
+            if not anchor.is_root:
+                self.tree.unpin_host(anchor)
         return fresh
 
     def _drain(self, fetch: Prefetch) -> None:

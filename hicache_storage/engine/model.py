@@ -21,6 +21,8 @@ Weights are seeded random (no download), each matrix drawn with standard deviati
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -372,6 +374,13 @@ class LlamaModel:
         self.device = self.embedding.device
         half = torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=self.device)
         self._inv_freq = 1.0 / (c.rope_theta ** (half / c.head_dim))
+        facts = {**dataclasses.asdict(c), "dtype": str(c.dtype), "weights": self.device.type}
+        digest = hashlib.blake2b(json.dumps(facts, sort_keys=True).encode(), digest_size=8)
+        self.identity = f"seeded-llama-{digest.hexdigest()}"
+        """The model's name for stored KV: a digest of the whole config (shape, numerics, dtype,
+        seed) and of where the weights were drawn (CPU and CUDA generators draw different numbers
+        from one seed). Models with other weights have another identity, so they never share
+        pages."""
 
     def forward(
         self,

@@ -14,25 +14,40 @@ Each :meth:`Scheduler.step` is one forward of the model:
 
 The cache supplies every admitted request's prefix, so a request computes only its uncached
 suffix; the device pool bounds admission, so a workload larger than the device pool evicts.
+
+A request is checked once, at :meth:`Scheduler.submit`, before it takes anything
+(:func:`validate_request`): a request the engine could never serve is refused with an
+:class:`~hicache_storage.engine.errors.InvalidRequestError`. An unexpected error while one request
+is admitted, computed or released fails that request alone: what it held (locks, pins, device and
+host slots, its prefetch) is given back, it ends ``FAILED`` with a
+:class:`~hicache_storage.engine.errors.RequestFailedError`, and the others are served. A forward
+that raises is retried one request at a time, so only the request that breaks it fails.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
+import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from hicache_storage.errors import ConfigError, HostPoolError
+from hicache_storage.errors import ConfigError
 
 from .cache import Lease, Lookup, TierCache
+from .errors import InvalidRequestError, PoolMismatchError, RequestFailedError, RequestTypeError
+from .loading import LayerLoad
 from .model import LlamaModel, Segment, next_token
 
-__all__ = ["Request", "RequestState", "Scheduler"]
+__all__ = ["Request", "RequestState", "Scheduler", "validate_request"]
+
+logger = logging.getLogger(__name__)
 
 _ids = itertools.count()
 
@@ -44,6 +59,8 @@ class RequestState(enum.Enum):
     PREFILL = "prefill"
     DECODE = "decode"
     FINISHED = "finished"
+    FAILED = "failed"
+    """Ended by an error (:attr:`Request.error`); everything it held was given back."""
 
 
 @dataclass(eq=False)
@@ -53,9 +70,10 @@ class Request:
     Parameters
     ----------
     prompt
-        Token ids.
+        Token ids in ``[0, vocab_size)``: a sequence of ints (numpy integers too) or a 1-D
+        integer tensor or array; :meth:`Scheduler.submit` replaces it with a tuple of ints.
     max_new_tokens
-        Tokens to generate greedily, at least 1.
+        Tokens to generate greedily, an int of at least 1.
     seed
         The request's cache namespace (``namespace_seed(extra_key, cache_salt)``).
     tag
@@ -79,6 +97,7 @@ class Request:
     lookup: Lookup | None = field(default=None, repr=False)
     lease: Lease | None = field(default=None, repr=False)
     computed: int = 0
+    error: RequestFailedError | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -96,6 +115,126 @@ class Request:
         return None if self.first_token_at is None else self.first_token_at - self.arrival
 
 
+def _token_ids(prompt: object) -> list[object]:
+    """Return the prompt's elements, from accepted containers only (no str, 2-D or floats)."""
+    if isinstance(prompt, torch.Tensor):
+        if prompt.dim() != 1 or prompt.dtype.is_floating_point or prompt.dtype.is_complex:
+            raise RequestTypeError(
+                f"a prompt tensor must be 1-D of an integer dtype, got {tuple(prompt.shape)} "
+                f"{prompt.dtype}"
+            )
+        if prompt.dtype is torch.bool:
+            raise RequestTypeError("a prompt tensor must be of an integer dtype, got torch.bool")
+        return list(prompt.tolist())
+    if isinstance(prompt, np.ndarray):
+        if prompt.ndim != 1 or prompt.dtype.kind not in "iu":
+            raise RequestTypeError(
+                f"a prompt array must be 1-D of an integer dtype, got {prompt.shape} {prompt.dtype}"
+            )
+        return list(prompt.tolist())
+    if isinstance(prompt, (str, bytes, bytearray)) or not isinstance(prompt, Sequence):
+        raise RequestTypeError(
+            "a prompt is a sequence of token ids (a list or tuple of ints, or a 1-D integer "
+            f"tensor or array), got {type(prompt).__name__}"
+        )
+    return list(prompt)
+
+
+def validate_request(
+    request: Request,
+    *,
+    vocab_size: int,
+    page_size: int | None = None,
+    device_slots: int | None = None,
+) -> None:
+    """Refuse a request the engine can never serve, before it takes anything; normalise it.
+
+    ``prompt`` becomes a tuple of ints and ``max_new_tokens`` an int. With ``device_slots``
+    (the device pool's size), a request that needs more slots, in whole ``page_size`` pages,
+    than the pool holds is refused rather than left waiting for room that never comes.
+
+    Raises
+    ------
+    RequestTypeError
+        If the prompt is not a sequence of ints (bools, floats, strings, 2-D tensors ...), or
+        ``max_new_tokens`` is not an int, or ``seed`` is neither a str nor None.
+    InvalidRequestError
+        If the prompt is empty or holds an id outside ``[0, vocab_size)``, ``max_new_tokens`` is
+        below 1, the request could never fit the device pool, or the request object was
+        submitted before (each :class:`Request` is served once).
+    """
+    if (
+        request.state is not RequestState.WAITING
+        or request.lookup is not None
+        or request.lease is not None
+        or request.output
+    ):
+        raise InvalidRequestError(
+            f"request {request.rid} was submitted before (it is {request.state.value}); "
+            "a Request is served once: make a new one"
+        )
+    tokens = _token_ids(request.prompt)
+    if not tokens:
+        raise InvalidRequestError(f"request {request.rid} has an empty prompt")
+    ids: list[int] = []
+    for i, token in enumerate(tokens):
+        if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)):
+            raise RequestTypeError(
+                f"request {request.rid}: prompt token {i} is {token!r} "
+                f"({type(token).__name__}); token ids are ints"
+            )
+        if not 0 <= token < vocab_size:
+            raise InvalidRequestError(
+                f"request {request.rid}: prompt token {i} is {token}; the model's token ids "
+                f"lie in [0, {vocab_size})"
+            )
+        ids.append(int(token))
+    new = request.max_new_tokens
+    if isinstance(new, (bool, np.bool_)) or not isinstance(new, (int, np.integer)):
+        raise RequestTypeError(
+            f"request {request.rid}: max_new_tokens must be an int, got {new!r} "
+            f"({type(new).__name__})"
+        )
+    if new < 1:
+        raise InvalidRequestError(
+            f"request {request.rid}: max_new_tokens must be at least 1, got {new}"
+        )
+    if request.seed is not None and not isinstance(request.seed, str):
+        raise RequestTypeError(
+            f"request {request.rid}: seed must be a str or None, got {type(request.seed).__name__}"
+        )
+    if device_slots is not None:
+        page = page_size or 1
+        need = -(-(len(tokens) + int(new) - 1) // page) * page
+        if need > device_slots:
+            raise InvalidRequestError(
+                f"request {request.rid} needs {need} device slots; the pool has {device_slots}, "
+                "so it could never be admitted"
+            )
+    request.prompt = tuple(ids)
+    request.max_new_tokens = int(new)
+
+
+def _check_device_pool(model: LlamaModel, cache: TierCache) -> None:
+    """Refuse a device pool that does not hold the model's KV, naming both sides."""
+    c = model.config
+    pool = cache.device_pool
+    mine = (2, c.layers, c.kv_heads, c.head_dim, c.dtype, model.device)
+    theirs = (
+        pool.num_kv,
+        pool.layer_num,
+        pool.row_shape[0],
+        math.prod(pool.row_shape[1:]),
+        pool.dtype,
+        pool.device,
+    )
+    if mine != theirs:
+        raise PoolMismatchError(
+            f"the device pool's (kv, layers, KV heads, head dim, dtype, device) = {theirs} do "
+            f"not hold the model's {mine}"
+        )
+
+
 class Scheduler:
     """Serve many requests at once with a :class:`LlamaModel` over a :class:`TierCache`.
 
@@ -111,6 +250,15 @@ class Scheduler:
         Most requests admitted at once.
     clock
         Seconds, for arrival and TTFT stamps.
+
+    Raises
+    ------
+    PoolMismatchError
+        If the cache's device pool does not hold the model's KV (layers, KV heads, head dim,
+        dtype, device); a :class:`~hicache_storage.errors.ConfigError`.
+    ConfigError
+        If a bound is not a positive int, or the cache refuses the model
+        (:meth:`TierCache.bind_model`: it serves another, or its scheme's object format differs).
     """
 
     def __init__(
@@ -125,6 +273,8 @@ class Scheduler:
         for name, value in (("chunk_tokens", chunk_tokens), ("max_running", max_running)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        _check_device_pool(model, cache)
+        cache.bind_model(model.identity)  # stored pages name the model that computed them
         self.model = model
         self.cache = cache
         self.chunk_tokens = chunk_tokens
@@ -139,23 +289,24 @@ class Scheduler:
         """Whether no request is waiting or running."""
         return not self.waiting and not self.running
 
+    def validate(self, request: Request) -> None:
+        """Refuse ``request`` unless this scheduler can serve it (see :func:`validate_request`)."""
+        validate_request(
+            request,
+            vocab_size=self.model.config.vocab_size,
+            page_size=self.cache.config.page_size,
+            device_slots=self.cache.device_pool.size,
+        )
+
     def submit(self, request: Request, *, arrival: float | None = None) -> Request:
         """Queue ``request`` (stamped as arriving now unless ``arrival`` is given).
 
         Raises
         ------
-        HostPoolError
-            If the request could never fit in the device pool, or has nothing to generate.
+        InvalidRequestError
+            If the request can never be served (:func:`validate_request`); nothing was taken.
         """
-        if request.max_new_tokens < 1 or not request.prompt:
-            raise HostPoolError("a request needs a prompt and at least one token to generate")
-        page = self.cache.config.page_size
-        need = -(-request.total_tokens // page) * page
-        if need > self.cache.device_pool.size:
-            raise HostPoolError(
-                f"request {request.rid} needs {need} device slots; the pool has "
-                f"{self.cache.device_pool.size}"
-            )
+        self.validate(request)
         request.arrival = self.clock() if arrival is None else arrival
         request.lookup = self.cache.lookup(request.prompt, seed=request.seed)
         self.waiting.append(request)
@@ -169,18 +320,24 @@ class Scheduler:
             return []
         batch = self._batch()
         load = self.cache.take_load()
-        logits = self.model.forward(
-            [segment for _, segment, _ in batch],
-            self.cache.device_pool,
-            layer_ready=None if load is None else load.wait,
-        )
-        tokens = [next_token(row) for row in logits]
+        try:
+            logits = self.model.forward(
+                [segment for _, segment, _ in batch],
+                self.cache.device_pool,
+                layer_ready=None if load is None else load.wait,
+            )
+            tokens: list[int | None] = [next_token(row) for row in logits]
+        except Exception:  # noqa: BLE001 - find the request that breaks it; the others go on
+            logger.warning("a batched forward failed; computing its requests one by one")
+            tokens = self._forward_one_by_one(batch, load)
         if load is not None:
             self.cache.record_load(load.timing())
         self.forwards += 1
         now = self.clock()
         finished: list[Request] = []
         for (request, _, chunk), token in zip(batch, tokens, strict=True):
+            if token is None:
+                continue
             if request.state is RequestState.PREFILL:
                 request.computed += chunk
                 if request.computed < len(request.prompt):
@@ -192,7 +349,53 @@ class Scheduler:
                 finished.append(request)
         for request in finished:
             self._finish(request, now)
-        return finished
+        return [r for r in finished if r.state is RequestState.FINISHED]
+
+    def _forward_one_by_one(
+        self, batch: list[tuple[Request, Segment, int]], load: LayerLoad | None
+    ) -> list[int | None]:
+        """Compute each request of a failed forward alone; fail those that fail alone."""
+        if load is not None:  # slots the tree already counts as loaded must hold their KV
+            load.finish()
+        tokens: list[int | None] = []
+        for request, segment, _ in batch:
+            try:
+                logits = self.model.forward([segment], self.cache.device_pool)[0]
+                tokens.append(next_token(logits))
+            except Exception as exc:  # noqa: BLE001 - the request's failure, not the engine's
+                self.fail(request, exc)
+                tokens.append(None)
+        return tokens
+
+    def fail(self, request: Request, exc: BaseException) -> None:
+        """End ``request`` as ``FAILED`` with ``exc`` as the cause, giving back what it holds.
+
+        Its prefetch is stopped (host slots and pin returned), its lease released (lock and
+        device slots; nothing it computed enters the tree) and it leaves the queue.
+        """
+        if request.state in (RequestState.FINISHED, RequestState.FAILED):
+            return
+        error = RequestFailedError(
+            f"request {request.rid} failed while {request.state.value}: {type(exc).__name__}: {exc}"
+        )
+        error.__cause__ = exc
+        logger.warning("%s", error, exc_info=exc)
+        try:
+            if request.lookup is not None:
+                self.cache.cancel(request.lookup)
+            lease = request.lease
+            if lease is not None and not lease.released:
+                self.cache.release(lease, request.prompt[: lease.cached], lease.slots)
+        except Exception:  # logged; the request ends failed either way
+            logger.exception("giving back what request %d held failed", request.rid)
+        finally:
+            request.error = error
+            request.state = RequestState.FAILED
+            request.finished_at = self.clock()
+            if request in self.waiting:
+                self.waiting.remove(request)
+            if request in self.running:
+                self.running.remove(request)
 
     def run(self) -> None:
         """Step until every submitted request has finished."""
@@ -219,16 +422,33 @@ class Scheduler:
 
     def _admit(self) -> None:
         admitted: list[Request] = []
+        failed: list[tuple[Request, BaseException]] = []
         for request in self.waiting:
             if len(self.running) + len(admitted) >= self.max_running:
                 break
             lookup = request.lookup
             assert lookup is not None
-            self.cache.recheck(lookup)
-            if not self.cache.ready(lookup):
+            try:
+                self.cache.recheck(lookup)
+                if not self.cache.ready(lookup):
+                    continue
+                lease = self.cache.acquire(lookup, request.total_tokens)
+            except Exception as exc:  # noqa: BLE001 - this request fails, the queue goes on
+                failed.append((request, exc))
                 continue
-            lease = self.cache.acquire(lookup, request.total_tokens)
             if lease is None:
+                if not self.running and not admitted:  # nothing running will ever free room
+                    locked = self.cache.tree.locked_tokens
+                    failed.append(
+                        (
+                            request,
+                            RuntimeError(
+                                f"no room for {request.total_tokens} tokens with no request "
+                                f"running ({locked} tokens locked): the device pool would "
+                                "never admit it"
+                            ),
+                        )
+                    )
                 break
             request.lease = lease
             request.computed = lease.cached
@@ -241,6 +461,8 @@ class Scheduler:
         for request in admitted:
             self.waiting.remove(request)
         self.running.extend(admitted)
+        for request, error in failed:
+            self.fail(request, error)
 
     def _batch(self) -> list[tuple[Request, Segment, int]]:
         """Return the forward's work: a decode token per generating request, then prompt chunks.
@@ -274,7 +496,11 @@ class Scheduler:
         lease = request.lease
         assert lease is not None
         held = [*request.prompt, *request.output][: request.total_tokens]
-        self.cache.release(lease, held, lease.slots)
+        try:
+            self.cache.release(lease, held, lease.slots)
+        except Exception as exc:  # noqa: BLE001 - released what it could; the request fails
+            self.fail(request, exc)
+            return
         request.state = RequestState.FINISHED
         request.finished_at = now
         self.running.remove(request)

@@ -232,10 +232,20 @@ class StorageIO:
         fetch stop sooner and let early pages be used sooner.
     write_capacity
         Most backups waiting at once; beyond it :meth:`backup` refuses.
+    object_indices
+        Maps host slots of pages to the registered pool's indices of their objects, for a key
+        scheme of several objects per page (:meth:`UnifiedObjectPool.object_indices
+        <hicache_storage.hostpool.UnifiedObjectPool.object_indices>`); None when the host pool
+        itself is registered.
     """
 
     def __init__(
-        self, backend: StorageBackend, *, read_batch_pages: int = 32, write_capacity: int = 64
+        self,
+        backend: StorageBackend,
+        *,
+        read_batch_pages: int = 32,
+        write_capacity: int = 64,
+        object_indices: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         for name, value in (
             ("read_batch_pages", read_batch_pages),
@@ -245,6 +255,7 @@ class StorageIO:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
         self.backend = backend
         self.read_batch_pages = read_batch_pages
+        self._objects = object_indices
         self.refused_backups = 0
         self._queries: queue.Queue[object] = queue.Queue()
         self._reads: queue.Queue[object] = queue.Queue()
@@ -370,7 +381,7 @@ class StorageIO:
             try:
                 got = self.backend.batch_get_v1(
                     fetch.keys[first * kpp : end * kpp],
-                    host[first * page : end * page],
+                    self._indices(host[first * page : end * page]),
                 )
             except Exception:  # a failed read is a miss of the rest of the fetch
                 logger.exception("read of %d pages failed", end - first)
@@ -379,13 +390,16 @@ class StorageIO:
             ok_keys = next((i for i, ok in enumerate(got) if not ok), len(got))
             fetch._read(ok_keys // kpp, ok_keys == len(got) == (end - first) * kpp)
 
+    def _indices(self, host: torch.Tensor) -> torch.Tensor:
+        return host if self._objects is None else self._objects(host)
+
     def _write_loop(self) -> None:
         while (item := self._writes.get()) is not _STOP:
             assert isinstance(item, Backup)
             try:
                 if item.ready is not None:
                     item.ready()
-                done = self.backend.batch_set_v1(list(item.keys), item.host_indices)
+                done = self.backend.batch_set_v1(list(item.keys), self._indices(item.host_indices))
                 stored = bool(done) and all(done)
             except Exception:  # logged: one bad job must not stop the writer
                 logger.exception("backup of %d keys failed", len(item.keys))

@@ -8,6 +8,7 @@ through the server-control hook. A server that cannot be started fails the test.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 from collections.abc import Iterator, Sequence
@@ -218,6 +219,48 @@ def test_backend_serving_wrong_pages_fails_with_the_request_and_position(
     assert "request client " in message and " round " in message, message
     with pytest.raises(AssertionError, match="engine case"):
         report.assert_passed()
+
+
+class LosesPages(ForwardingBackend):
+    """Writes every page, then silently loses every other one (reads and existence stay true).
+
+    With ``bounded`` it declares the capacity that makes such losses legitimate evictions.
+    """
+
+    def __init__(self, inner: StorageBackend, *, bounded: bool) -> None:
+        super().__init__(inner)
+        self.capabilities = dataclasses.replace(inner.capabilities, bounded=bounded, delete=True)
+
+    def batch_set_v1(self, keys: Sequence[str], host_indices: Any) -> list[bool]:
+        done = self.inner.batch_set_v1(keys, host_indices)
+        for key in keys[1::2]:
+            self.inner.delete(key)
+        return done
+
+
+class Losing:
+    """A factory of memory backends that lose pages, declaring ``bounded`` or not."""
+
+    def __init__(self, *, bounded: bool) -> None:
+        self.name = f"losing-bounded-{bounded}"
+        self.bounded = bounded
+
+    def __call__(self, layers: LayerConfig | None = None) -> StorageBackend:
+        return LosesPages(create_backend("memory", layers=layers), bounded=self.bounded)
+
+
+def test_a_bounded_store_that_evicts_passes_and_an_unbounded_one_that_loses_pages_fails(
+    tmp_path: Path,
+) -> None:
+    cases = ["missing_pages", "late_pages"]
+    small = BackendFactory("file", {"root": str(tmp_path), "max_bytes": 20000})
+    report = run_check("file-bounded", small, cases)
+    assert_passes(report)  # evictions of a bounded store are no failure
+    assert report.check("missing_pages").stats.get("evicted_pages", 0) > 0
+    assert_passes(run_check("losing-bounded", Losing(bounded=True), ["missing_pages"]))
+    lossy = run_check("losing-unbounded", Losing(bounded=False), ["missing_pages"])
+    check = lossy.check("missing_pages")
+    assert check.outcome == "failed" and "delete() found" in (check.message or ""), check
 
 
 def test_unknown_case_is_a_config_error() -> None:

@@ -14,9 +14,9 @@ import torch
 from hicache_storage import FaultConfig, FaultRule, LayerConfig, StorageBackend, create_backend
 from hicache_storage.engine.cache import CacheConfig, TierCache
 from hicache_storage.engine.engine import Engine
+from hicache_storage.engine.errors import InvalidRequestError
 from hicache_storage.engine.model import LlamaModel, ModelConfig
 from hicache_storage.engine.policies import PrefetchPolicy, WritePolicy
-from hicache_storage.errors import HostPoolError
 from hicache_storage.hostpool import MHAHostPool
 from hicache_storage.kernels import DevicePool
 from hicache_storage.keys import namespace_seed
@@ -137,7 +137,7 @@ def test_namespaces_never_share_pages(model: LlamaModel) -> None:
 def test_a_device_pool_too_small_for_one_request_says_so(model: LlamaModel) -> None:
     with (
         Engine(model, build(8, 0, None)) as engine,
-        pytest.raises(HostPoolError, match="needs 24 device slots; the pool has 8"),
+        pytest.raises(InvalidRequestError, match="needs 24 device slots; the pool has 8"),
     ):
         engine.generate(list(range(20)), 4)
 

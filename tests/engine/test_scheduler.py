@@ -14,12 +14,13 @@ import torch
 from hicache_storage import StorageBackend, create_backend
 from hicache_storage.engine.cache import TierCache
 from hicache_storage.engine.engine import Engine
+from hicache_storage.engine.errors import InvalidRequestError
 from hicache_storage.engine.loading import LayerLoad
 from hicache_storage.engine.model import LlamaModel, Segment
 from hicache_storage.engine.policies import WritePolicy
 from hicache_storage.engine.radix import Tier
 from hicache_storage.engine.scheduler import Request, RequestState, Scheduler
-from hicache_storage.errors import ConfigError, HostPoolError
+from hicache_storage.errors import ConfigError
 from hicache_storage.kernels import DevicePool, KVTransfer
 from hicache_storage.layers import ForwardingBackend
 
@@ -71,6 +72,7 @@ class RecordingModel:
 
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
+        self.config = model.config
         self.device = model.device
         self.new_tokens: list[int] = []
 
@@ -178,11 +180,11 @@ def test_max_running_bounds_the_batch(model: LlamaModel) -> None:
 
 def test_a_request_that_can_never_fit_is_refused_at_submit(model: LlamaModel) -> None:
     scheduler = Scheduler(model, build_cache(16, 0, None))
-    with pytest.raises(HostPoolError, match="needs 24 device slots; the pool has 16"):
+    with pytest.raises(InvalidRequestError, match="needs 24 device slots; the pool has 16"):
         scheduler.submit(Request(list(range(20)), 4))
-    with pytest.raises(HostPoolError, match="at least one token"):
+    with pytest.raises(InvalidRequestError, match="at least 1"):
         scheduler.submit(Request([1, 2, 3], 0))
-    with pytest.raises(HostPoolError, match="a prompt"):
+    with pytest.raises(InvalidRequestError, match="empty prompt"):
         scheduler.submit(Request([], 2))
     assert scheduler.idle
     fits = scheduler.submit(Request(list(range(12)), 4))  # 15 slots: 16 in whole pages
