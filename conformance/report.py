@@ -31,6 +31,7 @@ __all__ = [
     "Started",
     "failure_message",
     "load_report",
+    "open_private",
     "redacted",
     "run_suite",
     "summarize",
@@ -219,15 +220,24 @@ def redacted(report: Report) -> Report:
     )
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` readable by its owner only (mode 0600, even if it existed)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def open_private(path: str | os.PathLike[str]) -> IO[bytes]:
+    """Open ``path`` for writing, emptied, readable by its owner only (0600, even if it existed).
+
+    Every file of a report directory may quote the options a run was given.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
     try:
         os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb", closefd=False) as stream:
-            stream.write(data)
-    finally:
+        return os.fdopen(fd, "wb")
+    except BaseException:
         os.close(fd)
+        raise
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` readable by its owner only (see :func:`open_private`)."""
+    with open_private(path) as stream:
+        stream.write(data)
 
 
 def write_report(report: Report, directory: str | os.PathLike[str]) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -24,6 +25,8 @@ from .redact import redact_text, secrets_in
 
 __all__ = [
     "ENV_PREFIX",
+    "MAX_DEPTH",
+    "MAX_INT_BITS",
     "OPERATIONS",
     "RESERVED_ENV",
     "Deployment",
@@ -277,13 +280,26 @@ class HiCacheConfig(_Config, frozen=True):
     layers: LayerConfig = LayerConfig()
 
 
+MAX_DEPTH = 32
+"""Deepest nesting of objects and lists a config may have: real ones stay below ten, and a bound
+keeps every walk over a config (merging, validating, masking secrets) far from Python's
+recursion limit."""
+MAX_INT_BITS = 64
+"""Widest integer a config may hold: every integer option fits in 64 bits (msgspec's own bound)."""
+
+
 def read_source(source: Any) -> dict[str, Any]:
     """Read a config source into a plain mapping.
+
+    A file is UTF-8 (a byte-order mark allowed), or UTF-16 or UTF-32 as some editors save it;
+    :func:`json.detect_encoding` tells them apart.
 
     Raises
     ------
     ConfigError
-        If the JSON is malformed, the file is missing, or the top level is not an object.
+        If the JSON is malformed, nested deeper than :data:`MAX_DEPTH` or holds an integer
+        wider than :data:`MAX_INT_BITS` bits, the file is missing or not text, or the top
+        level is not an object.
     """
     if source is None:
         return {}
@@ -293,11 +309,7 @@ def read_source(source: Any) -> dict[str, Any]:
         data = dict(source)
     elif isinstance(source, Path) or (isinstance(source, str) and source.startswith("@")):
         path = Path(source[1:] if isinstance(source, str) else source)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from exc
-        data = _parse_json(text, f"config file {str(path)!r}")
+        data = _parse_json(_read_text(path), f"config file {str(path)!r}")
     elif isinstance(source, str):
         data = _parse_json(source, "config JSON") if source.strip() else {}
     else:
@@ -306,14 +318,74 @@ def read_source(source: Any) -> dict[str, Any]:
         )
     if not isinstance(data, dict):
         raise ConfigError(f"a config must be a JSON object, got {type(data).__name__}")
+    _check_shape(data, "a config")
     return data
+
+
+def _read_text(path: Path) -> str:
+    """Return the text of config file ``path``, decoded as :func:`json.loads` would decode it."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from exc
+    except ValueError as exc:  # a NUL in the path
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc}") from None
+    encoding = json.detect_encoding(raw)
+    try:
+        return raw.decode(encoding)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {str(path)!r} is not {encoding} text ({exc.reason} at byte "
+            f"{exc.start}); save it as UTF-8"
+        ) from None
+
+
+def _loads(text: str, what: str) -> Any:
+    """Return ``json.loads(text)``; JSON that parses to no config value raises ``ConfigError``.
+
+    Malformed JSON still raises :class:`json.JSONDecodeError`, for the caller to judge.
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise ConfigError(f"{what} is nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError:  # an integer of more digits than int() converts
+        raise ConfigError(
+            f"{what} holds an integer of more than {sys.get_int_max_str_digits()} digits"
+        ) from None
 
 
 def _parse_json(text: str, what: str) -> Any:
     try:
-        return json.loads(text)
+        return _loads(text, what)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{what} is not valid JSON: {exc}") from exc
+
+
+def _check_shape(data: Any, what: str) -> None:
+    """Refuse nesting deeper than :data:`MAX_DEPTH` and integers wider than :data:`MAX_INT_BITS`.
+
+    Iterative, so that a structure built in code (not parsed) cannot exhaust the stack either.
+    """
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, Mapping):
+            children: Any = value.values()
+        elif isinstance(value, (list, tuple)):
+            children = value
+        else:
+            if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+                raise ConfigError(
+                    f"{what} holds an integer of {value.bit_length()} bits; integers of a "
+                    f"config fit in {MAX_INT_BITS}"
+                )
+            continue
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"{what} is nested deeper than {MAX_DEPTH} levels")
+        stack.extend((child, depth + 1) for child in children)
 
 
 def convert(data: Mapping[str, Any], type_: type[T], what: str) -> T:
@@ -323,8 +395,10 @@ def convert(data: Mapping[str, Any], type_: type[T], what: str) -> T:
     ------
     ConfigError
         Naming ``what`` and msgspec's path to the offending field; secrets found in ``data``
-        (passwords, tokens, URL passwords) are masked in the message.
+        (passwords, tokens, URL passwords) are masked in the message. Also for nesting or
+        integers out of bounds (see :func:`read_source`).
     """
+    _check_shape(data, what)
     try:
         return msgspec.convert(data, type_)
     except msgspec.ValidationError as exc:
@@ -339,10 +413,12 @@ def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
         if not name.startswith(ENV_PREFIX) or name in RESERVED_ENV:
             continue
         path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
+        what = f"environment variable {name}"
         try:
-            value: Any = json.loads(raw)
+            value: Any = _loads(raw, what)
         except json.JSONDecodeError:
             value = raw
+        _check_shape(value, what)
         node = nested
         for part in path[:-1]:
             child = node.setdefault(part, {})

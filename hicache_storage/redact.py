@@ -1,8 +1,12 @@
 """Keep secrets out of messages, reports and logs.
 
 A secret is the value of an option whose name says so (``password``, ``token``, ``secret`` ...) or
-the password part of a URL (``redis://user:pw@host``). :func:`redact_options` returns a copy of a
-config safe to write anywhere; :func:`redact_text` scrubs the secrets of a config from a message.
+the password part of a URL (``redis://user:pw@host``), found the way the clients find it
+(:func:`urllib.parse.urlsplit`, which redis-py, fsspec and aiohttp's yarl follow): the netloc ends
+at the first ``/``, ``?`` or ``#``, the user part at its last ``@`` and the password starts after
+the first ``:``, so a password may hold ``@``, ``:`` and whitespace. :func:`redact_options`
+returns a copy of a config safe to write anywhere; :func:`redact_text` scrubs the secrets of a
+config from a message.
 """
 
 from __future__ import annotations
@@ -20,7 +24,11 @@ _SHORT = 6
 """Secrets shorter than this are masked only where they are not part of a longer word."""
 
 _SECRET_NAME = re.compile(r"password|passwd|secret|token|credential|api_key|private_key", re.I)
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^/@\s:]*:)(?P<pw>[^@\s/]*)@")
+_SCHEME = re.compile(r"(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*://")
+_LEADING = "".join(map(chr, range(33)))
+"""What :func:`urllib.parse.urlsplit` strips before a URL (C0 controls and space)."""
+_REMOVED = str.maketrans("", "", "\t\r\n")
+"""What :func:`urllib.parse.urlsplit` removes anywhere in a URL."""
 
 
 def is_secret_name(name: str) -> bool:
@@ -28,16 +36,46 @@ def is_secret_name(name: str) -> bool:
     return _SECRET_NAME.search(name) is not None
 
 
+def _password_spans(text: str) -> list[tuple[int, int]]:
+    """Return where the password of each URL in ``text`` lies, as ``(start, end)`` indexes.
+
+    A URL that is the whole string (or follows fsspec's ``::`` chaining) is read exactly as
+    :func:`urllib.parse.urlsplit` reads it: its netloc runs to the first ``/``, ``?`` or ``#``,
+    whitespace included. A URL inside a longer message also ends at whitespace, since the
+    prose after it may hold an ``@`` of its own.
+    """
+    spans: list[tuple[int, int]] = []
+    whole_at = len(text) - len(text.lstrip(_LEADING))
+    pos = 0
+    while (match := _SCHEME.search(text, pos)) is not None:
+        start = match.end()
+        whole = match.start() == whole_at or text.startswith("::", match.start() - 2)
+        end = start
+        while end < len(text) and text[end] not in "/?#" and (whole or not text[end].isspace()):
+            end += 1
+        user = text.rfind("@", start, end)
+        colon = text.find(":", start, user) if user >= 0 else -1
+        if colon >= 0:
+            spans.append((colon + 1, user))
+        pos = max(end, start)
+    return spans
+
+
 def redact_url(url: str) -> str:
-    """Return ``url`` with the password of its user part replaced by :data:`MASK`."""
-    return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}{MASK}@", url)
+    """Return ``url`` (or a message holding URLs) with each URL password masked (:data:`MASK`)."""
+    for start, end in reversed(_password_spans(url)):
+        url = f"{url[:start]}{MASK}{url[end:]}"
+    return url
 
 
-def _url_password(text: str) -> str | None:
-    match = _URL_PASSWORD.search(text)
-    if match is None or not match.group("pw"):
-        return None
-    return match.group("pw")
+def _url_passwords(text: str) -> set[str]:
+    """Return the non-empty URL passwords in ``text``: as written and as the client reads them."""
+    found: set[str] = set()
+    for start, end in _password_spans(text):
+        written = text[start:end]
+        for form in (written, written.translate(_REMOVED)):
+            found.update(form for form in (form, urllib.parse.unquote(form)) if form)
+    return found
 
 
 def secrets_in(options: Any) -> set[str]:
@@ -54,9 +92,7 @@ def secrets_in(options: Any) -> set[str]:
         elif isinstance(value, str) and value:
             if secret:
                 found.add(value)
-            password = _url_password(value)
-            if password:
-                found.update({password, urllib.parse.unquote(password)})
+            found.update(_url_passwords(value))
 
     walk(options, False)
     return found

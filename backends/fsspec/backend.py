@@ -40,6 +40,7 @@ import contextlib
 import os
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -113,38 +114,86 @@ _CONFLICT_RETRIES = 3
 """Tries of a conditional put that S3 answered ``409`` (another conditional put in flight)."""
 
 
-def open_filesystem(config: FsspecConfig) -> tuple[fsspec.AbstractFileSystem, str]:
+def open_filesystem(
+    config: FsspecConfig, errors: ErrorMap | None = None
+) -> tuple[fsspec.AbstractFileSystem, str]:
     """Return the filesystem of ``config.url`` (uncached, its own instance) and its root path.
+
+    The root comes back normalised: on a local filesystem resolved (``..``, ``.`` and symlinks),
+    so ``clear()`` walks only the directory the URL names.
 
     Raises
     ------
     MissingDependencyError
         If the protocol's implementation (s3fs, gcsfs ...) is not installed.
     ConfigError
-        If fsspec does not know the protocol or refuses the storage options.
+        If fsspec does not know the protocol or refuses the storage options, or if the root is
+        one the backend would not own alone (see :func:`_owned_root`).
+    BackendError
+        If opening the filesystem fails otherwise (a refused connection is
+        ``BackendUnavailableError``), translated by ``errors``.
     """
     shown = redact_url(config.url)
     protocol = config.url.split("://", 1)[0]
     options = {**config.storage_options, "skip_instance_cache": True, "use_listings_cache": False}
-    try:
-        fs, root = fsspec.core.url_to_fs(config.url, **options)
-    except ImportError as exc:
-        hint = f"pip install 'hicache-storage[{EXTRAS.get(protocol, 'fsspec')}]'"
-        if protocol not in EXTRAS:
-            hint += f" and the fsspec implementation of {protocol}://"
-        raise MissingDependencyError(
-            f"backend 'fsspec' needs {exc.name or 'the implementation of ' + protocol + '://'}"
-            f" for {shown}, which is not installed; run: {hint}"
-        ) from exc
-    except (ValueError, TypeError) as exc:
-        detail = redact_text(str(exc), secrets_in(config.storage_options))
-        raise ConfigError(f"fsspec cannot open {shown}: {detail}") from None
-    if not root.strip("/"):
+    errors = errors or _errors(config)
+    with errors.guard("open the filesystem"):
+        try:
+            fs, root = fsspec.core.url_to_fs(config.url, **options)
+        except ImportError as exc:
+            hint = f"pip install 'hicache-storage[{EXTRAS.get(protocol, 'fsspec')}]'"
+            if protocol not in EXTRAS:
+                hint += f" and the fsspec implementation of {protocol}://"
+            raise MissingDependencyError(
+                f"backend 'fsspec' needs {exc.name or 'the implementation of ' + protocol + '://'}"
+                f" for {shown}, which is not installed; run: {hint}"
+            ) from exc
+        except (ValueError, TypeError) as exc:
+            detail = redact_text(str(exc), secrets_in(config.storage_options))
+            raise ConfigError(f"fsspec cannot open {shown}: {detail}") from None
+    return fs, _owned_root(fs, root, config.url)
+
+
+def _owned_root(fs: fsspec.AbstractFileSystem, root: str, url: str) -> str:
+    """Return ``root`` normalised, refusing one the backend would not own alone.
+
+    A local root is resolved (``/tmp/..``, ``/./.`` and a symlink to ``/`` all end at ``/``) and
+    must be a directory below the filesystem's root; ``file://host/...`` is refused, since fsspec
+    reads it as a path relative to the working directory. Elsewhere fsspec passes the path on
+    as written, to a store that keeps ``.`` and ``..`` as names or a server that resolves them,
+    so no segment may be one; the path (below an ``http://host`` part) must not be empty.
+
+    Raises
+    ------
+    ConfigError
+        Naming the URL (masked) and what to write instead.
+    """
+    shown = redact_url(url)
+    tail = (
+        "; name a directory or prefix under it (clear() removes everything of this backend "
+        "under the root)"
+    )
+    if isinstance(fs, LocalFileSystem):
+        if not url.split("://", 1)[-1].startswith("/"):
+            raise ConfigError(
+                f"url {shown} names no absolute path: fsspec reads what follows file:// as a "
+                f"path relative to the working directory ({root}), a host included; write the "
+                "absolute path as file:///path"
+            )
+        resolved = os.path.realpath(root)
+        if os.path.dirname(resolved) == resolved:
+            raise ConfigError(f"url {shown} resolves to the filesystem's root {resolved}{tail}")
+        return resolved
+    path = urllib.parse.urlsplit(root).path if "://" in root else root
+    segments = [urllib.parse.unquote(segment) for segment in path.split("/")]
+    if "." in segments or ".." in segments:
         raise ConfigError(
-            f"url {shown} names a filesystem's root; name a directory or prefix under it "
-            f"(clear() removes everything of this backend under the root)"
+            f"url {shown} has a '.' or '..' segment, which {type(fs).__name__} does not resolve "
+            "the way a local path would; name the directory or prefix without them"
         )
-    return fs, root
+    if not path.strip("/"):
+        raise ConfigError(f"url {shown} names a filesystem's root{tail}")
+    return root
 
 
 def _kind(fs: fsspec.AbstractFileSystem) -> Kind:
@@ -208,14 +257,33 @@ def _status(exc: BaseException) -> int | None:
 
 
 class _Errors(ErrorMap):
-    """The kit's error map, also masking the secrets of the storage options in every message."""
+    """The kit's error map, also masking the secrets of the storage options in every message.
+
+    It also tells a miss from an outage that a filesystem reports as one: fsspec's http
+    raises ``FileNotFoundError`` from a refused connection, which must not read as a miss.
+    """
 
     def __init__(self, service: str, rules: Iterable[Rule], secrets: set[str]) -> None:
         super().__init__(service, rules)
         self.secrets = secrets
 
+    def outage(self, exc: BaseException) -> BaseException | None:
+        """Return the unavailable or timed-out failure ``exc`` was raised from, if any."""
+        seen = exc.__cause__
+        while seen is not None:
+            if self.kind(seen) in (BackendUnavailableError, BackendTimeoutError):
+                return seen
+            seen = seen.__cause__
+        return None
+
+    def is_miss(self, exc: BaseException) -> bool:
+        """Return whether ``exc`` says the object is not there (and not that the medium is down)."""
+        return is_missing(exc) and self.outage(exc) is None
+
     def translate(self, exc: BaseException, what: str) -> HiCacheError:
         """Return the typed error for ``exc``, with the storage options' secrets masked."""
+        if is_missing(exc):
+            exc = self.outage(exc) or exc
         typed = super().translate(exc, what)
         text = str(typed)
         if typed is exc or redact_text(text, self.secrets) == text:
@@ -223,6 +291,12 @@ class _Errors(ErrorMap):
         if isinstance(typed, OSError) and isinstance(typed.errno, int):
             return type(typed)(typed.errno, redact_text(str(typed.strerror), self.secrets))
         return type(typed)(redact_text(text, self.secrets))
+
+
+def _errors(config: FsspecConfig) -> _Errors:
+    """Return the error map of ``config``'s filesystem, masking its URL and option secrets."""
+    secrets = secrets_in(config.storage_options) | secrets_in(config.url)
+    return _Errors(f"fsspec {redact_url(config.url)}", _client_rules(), secrets)
 
 
 @closed_guard
@@ -235,10 +309,9 @@ class FsspecBackend(StorageBackend):
     def __init__(self, config: FsspecConfig, deployment: Deployment | None = None) -> None:
         super().__init__()
         self.url = redact_url(config.url)
-        secrets = secrets_in(config.storage_options) | secrets_in(config.url)
-        self.errors = _Errors(f"fsspec {self.url}", _client_rules(), secrets)
+        self.errors = _errors(config)
         self.medium_faults = MediumFaults()
-        self.fs, self.root = open_filesystem(config)
+        self.fs, self.root = open_filesystem(config, self.errors)
         self.kind = _kind(self.fs)
         self.capabilities = CAPABILITIES[self.kind]
         self.paths = FanoutPaths(self.root, fanout=config.fanout, sep="/")
@@ -316,7 +389,7 @@ class FsspecBackend(StorageBackend):
     def _check(self, results: Sequence[Any], keys: Sequence[str], what: str) -> None:
         """Raise the typed error of the first failure in ``results`` that is not a miss."""
         for key, result in zip(keys, results, strict=True):
-            if isinstance(result, BaseException) and not is_missing(result):
+            if isinstance(result, BaseException) and not self.errors.is_miss(result):
                 raise self.errors.translate(result, f"{what} {key!r}") from result
 
     # -- reads ----------------------------------------------------------------------------------
@@ -361,7 +434,7 @@ class FsspecBackend(StorageBackend):
         except HiCacheError:
             raise
         except Exception as exc:
-            if is_missing(exc):
+            if self.errors.is_miss(exc):
                 return False
             raise self.errors.translate(exc, f"read {key!r}") from exc
 
@@ -393,7 +466,7 @@ class FsspecBackend(StorageBackend):
             finally:
                 os.close(fd)
         except Exception as exc:
-            if is_missing(exc):
+            if self.errors.is_miss(exc):
                 return None
             raise self.errors.translate(exc, f"read {key!r}") from exc
 
@@ -418,7 +491,7 @@ class FsspecBackend(StorageBackend):
             calls = [(self.paths.path(key),) for key in keys]
             results = self._remote("stat", "info", calls, self._deadline())
             for count, (key, info) in enumerate(zip(keys, results, strict=True)):
-                if isinstance(info, BaseException) and is_missing(info):
+                if isinstance(info, BaseException) and self.errors.is_miss(info):
                     return count
                 self._check([info], [key], "stat")
                 if info.get("type") != "file":
@@ -432,7 +505,7 @@ class FsspecBackend(StorageBackend):
                 elif not self.fs.isfile(self.paths.path(key)):
                     return count
             except Exception as exc:
-                if is_missing(exc):
+                if self.errors.is_miss(exc):
                     return count
                 raise self.errors.translate(exc, f"stat {key!r}") from exc
         return len(keys)
@@ -505,7 +578,7 @@ class FsspecBackend(StorageBackend):
             deadline = self._deadline()
             for method in ("info", "rm_file"):
                 result = self._remote("delete", method, [(path,)], deadline)[0]
-                if isinstance(result, BaseException) and is_missing(result):
+                if isinstance(result, BaseException) and self.errors.is_miss(result):
                     return False
                 self._check([result], [key], "delete")
             return True
@@ -517,7 +590,7 @@ class FsspecBackend(StorageBackend):
                 with _MEMORY_LOCK:
                     self.fs.rm_file(path)
         except Exception as exc:
-            if is_missing(exc):
+            if self.errors.is_miss(exc):
                 return False
             raise self.errors.translate(exc, f"delete {key!r}") from exc
         return True
@@ -543,22 +616,34 @@ class FsspecBackend(StorageBackend):
                             self.fs.rm_file(path)
             elif mine:
                 result = self._remote("delete", "rm", [(mine,)], self._deadline())[0]
-                if isinstance(result, BaseException) and not is_missing(result):
+                if isinstance(result, BaseException) and not self.errors.is_miss(result):
                     raise result
 
     def _listing(self) -> list[str]:
-        """Return every file under the root."""
+        """Return every file under the root (none when it does not exist).
+
+        A root that cannot be listed raises rather than reading as empty, which ``os.walk`` and
+        fsspec's ``walk`` would make of it: an outage must not pass for an empty store.
+        """
         if self.kind == "local":
             self.medium_faults.check("list")
             return [
                 os.path.join(directory, name)
-                for directory, _, names in os.walk(self.root)
+                for directory, _, names in os.walk(self.root, onerror=_raise_unless_missing)
                 for name in names
             ]
-        kw = {"withdirs": False}
-        found = self._remote("list", "find", [(self.root,)], self._deadline(), **kw)[0]
+        deadline = self._deadline()
+        found = self._remote("list", "find", [(self.root,)], deadline, withdirs=False)[0]
         if isinstance(found, BaseException):
+            if self.errors.is_miss(found):
+                return []
             raise found
+        if not found:
+            # fsspec's walk omits what it cannot list (http, an unreachable server): an empty
+            # listing is one only if the root is there or plainly absent.
+            root = self._remote("list", "info", [(self.root,)], deadline)[0]
+            if isinstance(root, BaseException) and not self.errors.is_miss(root):
+                raise root
         return list(found)
 
     def _owns(self, path: str) -> bool:
@@ -573,6 +658,12 @@ class FsspecBackend(StorageBackend):
     def __repr__(self) -> str:
         state = " closed" if self.closed else ""
         return f"<FsspecBackend {self.url!r} ({self.kind}){state}>"
+
+
+def _raise_unless_missing(exc: OSError) -> None:
+    """``os.walk``'s error handler: a directory removed meanwhile is empty, anything else fails."""
+    if not is_missing(exc):
+        raise exc
 
 
 def _fill(key: str, source: Any, size: int, views: Sequence[memoryview], strict: bool) -> bool:

@@ -8,7 +8,7 @@ import urllib.parse
 import msgspec
 
 from hicache_storage.options import MAX_COUNT, MAX_TTL_S, check_count, check_port, check_seconds
-from hicache_storage.redact import MASK, redact_url
+from hicache_storage.redact import MASK, redact_url, secrets_in
 
 __all__ = ["DEFAULT_CONNECT_TIMEOUT_S", "Endpoint", "RedisConfig", "parse_node", "parse_url"]
 
@@ -256,11 +256,7 @@ class RedisConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     def secrets(self) -> set[str]:
         """Return the passwords this config holds (as given and URL-decoded), to mask them."""
         found = {self.password} if self.password else set()
-        if self.url is not None:
-            password = urllib.parse.urlsplit(self.url).password
-            if password:
-                found |= {password, urllib.parse.unquote(password)}
-        return found
+        return found | secrets_in(self.url or "")
 
     def scan_pattern(self) -> str:
         """Return the SCAN ``MATCH`` pattern of this namespace (no glob character can occur)."""

@@ -17,7 +17,7 @@ import msgspec
 from ..config import read_source
 from ..errors import ConfigError, HiCacheError
 from ..redact import redact_text, secrets_in
-from .options import backend_options
+from .options import backend_options, report_directory
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -192,9 +192,12 @@ def _engine_logs(path: str | None) -> Iterator[None]:
     Its fault cases make storage calls fail on purpose; each failure is logged, and on the
     terminal those lines would bury the table.
     """
+    from ..conformance.report import open_private
+
     logger = logging.getLogger("hicache_storage")
     handler: logging.Handler = logging.NullHandler()
     if path is not None:
+        open_private(path).close()  # created 0600 like the report; the handler appends to it
         handler = logging.FileHandler(path, encoding="utf-8")
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     propagate = logger.propagate
@@ -220,10 +223,7 @@ def _check_engine(
         _probe(backend, options)
         factory = BackendFactory.from_source(backend, options)
         control = find_server_control(backend, factory.options)
-        log = None
-        if report_dir is not None:
-            os.makedirs(report_dir, exist_ok=True)
-            log = os.path.join(report_dir, "engine.log")
+        log = None if report_dir is None else os.path.join(report_dir, "engine.log")
         with _engine_logs(log):
             if not _interactive(console):
                 click.echo(f"running the engine check against {backend}...", err=True)
@@ -273,16 +273,23 @@ def check_command(backend: str, config: str | None, report_dir: str | None, engi
     """
     from rich.console import Console
 
-    from ..conformance.report import load_report, run_suite
+    from ..conformance.report import load_report, open_private, run_suite
 
     console = Console()
+    if report_dir is not None:
+        report_directory(report_dir)
     if engine:
         engine_report = _check_engine(backend, config, report_dir, console)
         render_engine(engine_report, console)
         if report_dir is not None:
             path = os.path.join(report_dir, "engine.json")
-            with open(path, "wb") as out:
-                out.write(msgspec.json.format(msgspec.json.encode(engine_report)))
+            try:
+                with open_private(path) as out:
+                    out.write(msgspec.json.format(msgspec.json.encode(engine_report)))
+            except OSError as exc:
+                # The table above holds the result; say why the file does not, in one line.
+                click.echo(f"error: cannot write {path!r}: {exc.strerror or exc}", err=True)
+                raise SystemExit(2) from None
             click.echo(f"report: {path}; log: {os.path.join(report_dir, 'engine.log')}")
         if not engine_report.passed:
             raise SystemExit(1)
@@ -292,9 +299,8 @@ def check_command(backend: str, config: str | None, report_dir: str | None, engi
         _report_dir(report_dir) as target,
     ):
         _probe(backend, options)
-        os.makedirs(target, exist_ok=True)
         log = os.path.join(target, "pytest.log")
-        with open(log, "wb") as output:
+        with open_private(log) as output:
             if _interactive(console):
                 with _progress_bar(console, backend) as advance:
                     status = run_suite(backend, options, target, output=output, progress=advance)

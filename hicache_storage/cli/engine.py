@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,8 @@ from ..engine.bench import (
     run_bench,
 )
 from ..engine.policies import PrefetchPolicy, WritePolicy
-from .options import backend_options
+from ..errors import ConfigError
+from .options import backend_options, writable_file
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -295,11 +297,22 @@ def bench_command(
         )
     if plot_path is not None:
         try:
-            import matplotlib  # noqa: F401
+            from matplotlib.backend_bases import FigureCanvasBase
         except ImportError:
             raise click.UsageError(
                 "--plot needs matplotlib: pip install 'hicache-storage[engine-bench]'"
             ) from None
+        suffix = os.path.splitext(plot_path)[1][1:].lower()
+        formats = FigureCanvasBase.get_supported_filetypes()
+        if suffix and suffix not in formats:
+            raise ConfigError(
+                f"--plot {plot_path!r}: matplotlib cannot write .{suffix} files; name a "
+                f"{', '.join(sorted(formats))} file"
+            )
+        writable_file(plot_path, "--plot")
+    if json_path not in (None, "-"):
+        writable_file(json_path, "--json")
+    _check_device(sizes["device"])
     overrides = {key: value for key, value in sizes.items() if value is not None}
     if arrival_rate is not None:
         overrides["arrival_rate"] = arrival_rate or None
@@ -320,12 +333,61 @@ def bench_command(
                 progress=progress,
                 runs=None if runs is None else [r.strip() for r in runs.split(",") if r.strip()],
             )
-    if json_path == "-":
+    if quiet:
         click.echo(result.to_json(indent=2).decode())
-    elif json_path is not None:
-        with open(json_path, "wb") as out:
-            out.write(result.to_json(indent=2))
-    if plot_path is not None:
-        plot_ttft_by_round(result, plot_path, log_y=log_y)
-    if not quiet:
+    else:
         render(result, Console())
+    _write_outputs(result, None if quiet else json_path, plot_path, log_y)
+
+
+def _check_device(device: str) -> None:
+    """Refuse a device the engine cannot run on before any work, as ``cuda`` without CUDA is.
+
+    The engine's model and pools run on ``cpu`` and ``cuda`` only; others (``mps``, ``xpu``,
+    ``meta`` ...) would fail inside the model once the backend is open.
+
+    Raises
+    ------
+    ConfigError
+        For another device type, or a CUDA index beyond the devices torch sees.
+    """
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ConfigError(f"invalid --device {device!r}: {exc}") from None
+    if parsed.type not in ("cpu", "cuda"):
+        raise ConfigError(
+            f"--device {device!r}: the engine runs on cpu or cuda (cuda:N), not {parsed.type}"
+        )
+    count = torch.cuda.device_count() if parsed.type == "cuda" else 0
+    if parsed.index is not None and 0 < count <= parsed.index:
+        raise ConfigError(f"--device {device!r}: torch sees {count} CUDA device(s)")
+
+
+def _write_outputs(
+    result: BenchResult, json_path: str | None, plot_path: str | None, log_y: bool
+) -> None:
+    """Write the JSON and the plot of a finished run; a failure is one line and exit 2.
+
+    Called once the result is on the terminal, so a disk that filled during the run loses
+    no result, and the other output is still written.
+    """
+    failed: list[str] = []
+    if json_path is not None:
+        try:
+            with open(json_path, "wb") as out:
+                out.write(result.to_json(indent=2))
+        except OSError as exc:
+            failed.append(f"--json {json_path!r}: {exc.strerror or exc}")
+    if plot_path is not None:
+        try:
+            plot_ttft_by_round(result, plot_path, log_y=log_y)
+        except OSError as exc:
+            failed.append(f"--plot {plot_path!r}: {exc.strerror or exc}")
+    if failed:
+        click.echo(
+            f"error: cannot write {'; '.join(failed)} (the result is printed above)", err=True
+        )
+        raise SystemExit(2)

@@ -1,4 +1,8 @@
-"""Backend options of ``hicache check`` and ``hicache bench``: validated, scratch by default."""
+"""Inputs and outputs of ``hicache check`` and ``hicache bench``, checked before any work runs.
+
+Backend options are validated, and scratch by default; output files and report directories
+are tried for writing up front, so a mistake exits 2 at once instead of after a long run.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,10 @@ from collections.abc import Iterator
 import msgspec
 
 from ..config import convert, read_source
+from ..errors import ConfigError
 from ..registry import get_spec
 
-__all__ = ["backend_options"]
+__all__ = ["backend_options", "report_directory", "writable_file"]
 
 
 @contextlib.contextmanager
@@ -45,3 +50,45 @@ def backend_options(backend: str, config: str | None, prefix: str) -> Iterator[s
         yield source
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def writable_file(path: str, option: str) -> None:
+    """Refuse ``path`` (the value of ``option``) unless a file can be written there.
+
+    The file is opened for appending, which creates it without touching an existing one's
+    bytes, and removed again if it did not exist.
+
+    Raises
+    ------
+    ConfigError
+        If the file cannot be opened for writing (no such directory, not a directory,
+        permission denied, a directory of that name ...).
+    """
+    existed = os.path.lexists(path)
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{option} {path!r}: cannot write there: {exc.strerror}") from None
+    if not existed:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def report_directory(path: str, option: str = "--report") -> None:
+    """Create the report directory ``path`` and check that files can be written into it.
+
+    Raises
+    ------
+    ConfigError
+        If it cannot be created (a regular file on the way, permission denied ...) or holds
+        no new file.
+    """
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"{option} {path!r}: cannot write a report there: {exc.strerror or exc}"
+        ) from None
