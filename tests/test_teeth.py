@@ -28,6 +28,10 @@ CAUGHT_BY = {found.spec.name: found.caught_by for found in all_bugs()}
 # A per-check limit, so broken-hang's 30 s calls fail its checks after a few seconds.
 CHECK_TIMEOUT_S = 8
 
+pytestmark = pytest.mark.timeout(1200)
+"""The ``reports`` fixture runs every broken backend's suite before the first test (about 60
+runs, two at a time): far more than the default per-test limit, which its own runs still keep."""
+
 RUNS_AT_ONCE = 2
 """Suite processes run side by side (one per core of the CI machine): each bug's run is mostly
 process start-up, and the race checks are built to catch their bugs under this load."""

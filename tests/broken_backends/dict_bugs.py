@@ -19,6 +19,7 @@ __all__ = [
     "BUGS",
     "BrokenConfig",
     "DictBackend",
+    "FoldsLongKeys",
     "HangsWhenDown",
     "IgnoresOut",
     "Leaks",
@@ -77,6 +78,25 @@ class Truncates(DictBackend):
 
     def set(self, key: str, value: Buffer) -> bool:
         return super().set(key, bytes(as_readable(value))[: self.LIMIT])
+
+
+class FoldsLongKeys(DictBackend):
+    """Bug: keys are cut to their first 120 characters (as stores with a short key limit do)."""
+
+    name = "broken-folds-keys"
+    LIMIT: ClassVar[int] = 120
+
+    def get(self, key: str, out: Buffer | None = None) -> Buffer | None:
+        return super().get(key[: self.LIMIT], out)
+
+    def exists(self, key: str) -> bool:
+        return super().exists(key[: self.LIMIT])
+
+    def set(self, key: str, value: Buffer) -> bool:
+        return super().set(key[: self.LIMIT], value)
+
+    def delete(self, key: str) -> bool:
+        return super().delete(key[: self.LIMIT])
 
 
 class TotalNotPrefix(DictBackend):
@@ -186,6 +206,12 @@ BUGS: list[Bug] = [
         f"{_M}:Truncates",
         "truncates values over 64 KiB",
         "TestRoundTrip::test_roundtrip_get_matches_sha256",
+    ),
+    bug(
+        "broken-folds-keys",
+        f"{_M}:FoldsLongKeys",
+        "cuts keys to 120 characters, so keys of two object formats collide",
+        "TestObjectFormats::test_tagged_keys_of_other_formats_are_misses",
     ),
     bug(
         "broken-prefix",
