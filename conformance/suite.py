@@ -10,9 +10,12 @@ This module is what pytest collects; the checks live by area in
 :mod:`hicache_storage.conformance.checks`: ``core`` (round trips, misses, idempotent writes),
 ``sizes`` (value sizes, key shapes), ``batch`` (batches, prefix hits), ``zerocopy`` (v1 page
 I/O, model-sized pages, native zero-copy, unified objects, buffer sizes),
-``bad_input``, ``lifecycle``, ``concurrency``, ``sharing`` (several processes, persistence),
+``bad_input``, ``lifecycle``, ``close_race`` (``close()`` under load), ``concurrency``,
+``sharing`` (several processes, persistence),
 ``capacity`` (bounds, delete), ``stats``, ``crash``, ``faults`` (injected and server faults),
-``integrity`` (corrupted bytes are misses), ``isolation`` (namespaces, secrets) and ``model``
+``resources`` (descriptors and threads on error paths and racing first calls), ``integrity``
+(corrupted bytes are misses, reused identities), ``formats`` (a reader of another model format
+never hits), ``isolation`` (namespaces, secrets) and ``model``
 (the state machine), with what they share in ``common``.
 """
 
@@ -42,6 +45,8 @@ from hicache_storage.conformance.checks.zerocopy import (
 )
 from hicache_storage.conformance.checks.bad_input import TestBadInput
 from hicache_storage.conformance.checks.lifecycle import TestLifecycle
+from hicache_storage.conformance.checks.resources import TestResources
+from hicache_storage.conformance.checks.close_race import TestCloseRace
 from hicache_storage.conformance.checks.concurrency import TestFirstWins, TestConcurrency
 from hicache_storage.conformance.checks.sharing import (
     TestMultiProcess,
@@ -57,7 +62,8 @@ from hicache_storage.conformance.checks.faults import (
     TestMediumFaults,
     TestServerFaults,
 )
-from hicache_storage.conformance.checks.integrity import TestIntegrity
+from hicache_storage.conformance.checks.integrity import TestIntegrity, TestIdentityReuse
+from hicache_storage.conformance.checks.formats import TestObjectFormats
 from hicache_storage.conformance.checks.isolation import TestNamespaces, TestSecrets
 from hicache_storage.conformance.checks.model import TestStateMachine
 # isort: on
@@ -79,6 +85,8 @@ __all__ = [
     "TestBufferSize",
     "TestBadInput",
     "TestLifecycle",
+    "TestResources",
+    "TestCloseRace",
     "TestFirstWins",
     "TestConcurrency",
     "TestMultiProcess",
@@ -93,6 +101,8 @@ __all__ = [
     "TestMediumFaults",
     "TestServerFaults",
     "TestIntegrity",
+    "TestIdentityReuse",
+    "TestObjectFormats",
     "TestNamespaces",
     "TestSecrets",
     "TestStateMachine",

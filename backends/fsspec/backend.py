@@ -325,6 +325,11 @@ class FsspecBackend(StorageBackend):
 
     # -- calls on a remote medium (anything but local and memory) -------------------------------
 
+    @property
+    def close_timeout_s(self) -> float:
+        """How long ``close()`` waits for calls in flight: ``deadline_s``, which bounds each."""
+        return self._deadline_s
+
     def _deadline(self) -> float:
         return time.monotonic() + self._deadline_s
 

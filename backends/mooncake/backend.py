@@ -35,6 +35,11 @@ Return codes
     got an answer. Every other negative code is a miss or ``False`` for its key, counted by name
     in ``stats()["errors"]``.
 
+Closing
+    ``close()`` refuses new calls at once and unregisters the host pool only once the calls in
+    flight, and so the transfers they started, have ended
+    (:func:`~hicache_storage.kit.closed_guard`, waiting up to ``deadline_s``).
+
 Semantics
     A duplicate ``put`` keeps the first value (first writer wins). Objects live in the segments
     mounted by processes that contribute one (``global_segment_size > 0``) and are dropped when
@@ -59,13 +64,13 @@ from hicache_storage.buffers import as_readable, as_writable
 from hicache_storage.capabilities import Capabilities
 from hicache_storage.config import Deployment
 from hicache_storage.errors import (
-    BackendClosedError,
     BackendIOError,
     BackendTimeoutError,
     BufferSizeError,
     IndexAlignmentError,
     InvalidKeyError,
 )
+from hicache_storage.kit import closed_guard
 
 from .client import (
     NO_SPACE,
@@ -185,6 +190,7 @@ def _pick(items: Sequence[T], indices: Sequence[int]) -> list[T]:
     return [items[i] for i in indices]
 
 
+@closed_guard
 class MooncakeBackend(StorageBackend):
     """Stores each key as one object in a Mooncake store; see the module docstring.
 
@@ -233,13 +239,13 @@ class MooncakeBackend(StorageBackend):
         with self._lock:
             self._moved[what] += n
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise BackendClosedError(f"backend {self.name!r} is closed; create a new one")
+    @property
+    def close_timeout_s(self) -> float:
+        """How long ``close()`` waits for calls in flight (and their transfers): ``deadline_s``."""
+        return self._timeouts.deadline_s
 
     def _begin(self) -> Deadline:
-        """Check the instance is open and start the call's deadline."""
-        self._check_open()
+        """Start the call's deadline."""
         return Deadline(self._timeouts.deadline_s)
 
     def _keys(self, keys: Sequence[str]) -> list[str]:
@@ -456,7 +462,7 @@ class MooncakeBackend(StorageBackend):
 
     def batch_exists(self, keys: Sequence[str]) -> int:
         """Return the length of the leading run of keys that exist (one ``batch_is_exist``)."""
-        self._check_open()  # one request, the first: always within the deadline
+        # One request, the first: always within the deadline.
         if not keys:
             return 0
         client = self._client
@@ -490,7 +496,6 @@ class MooncakeBackend(StorageBackend):
         BackendIOError
             If Mooncake refuses to register the pool's memory.
         """
-        self._check_open()
         self._release_region()
         kv_buffer = getattr(pool, "kv_buffer", None)
         if kv_buffer is not None and hasattr(kv_buffer, "data_ptr"):

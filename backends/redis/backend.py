@@ -32,6 +32,11 @@ Deadline
     no client-library loop retries, sleeps or waits on a lock past the deadline. Nothing runs
     in the background: when a call returns or raises, nothing of it writes anywhere any more.
 
+Closing
+    ``close()`` refuses new calls at once and disconnects the pools only once the calls in
+    flight are done (:func:`~hicache_storage.kit.closed_guard`, waiting up to ``deadline_s``),
+    so no call ever finds its connection closed under it.
+
 Failures
     Every exception is translated in :func:`_translate` into a typed error whose message never
     holds a password; the default layers turn it into a miss.
@@ -70,7 +75,6 @@ from hicache_storage.buffers import as_readable, as_writable
 from hicache_storage.capabilities import Capabilities
 from hicache_storage.config import Deployment
 from hicache_storage.errors import (
-    BackendClosedError,
     BackendError,
     BackendIOError,
     BackendTimeoutError,
@@ -78,6 +82,7 @@ from hicache_storage.errors import (
     BufferSizeError,
     ConfigError,
 )
+from hicache_storage.kit import closed_guard
 from hicache_storage.redact import redact_text
 
 from .config import RedisConfig
@@ -669,6 +674,7 @@ def _scatter(data: bytes, views: Sequence[memoryview]) -> None:
         offset = end
 
 
+@closed_guard
 class RedisBackend(StorageBackend):
     """Stores each key as one Redis string under ``config.prefix``; see the module docstring.
 
@@ -741,11 +747,12 @@ class RedisBackend(StorageBackend):
             )
         return error
 
-    # -- plumbing -------------------------------------------------------------------------------
+    @property
+    def close_timeout_s(self) -> float:
+        """How long ``close()`` waits for calls in flight: ``deadline_s``, which bounds each."""
+        return self.config.deadline_s
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise BackendClosedError("the redis backend is closed; create a new one")
+    # -- plumbing -------------------------------------------------------------------------------
 
     def _name(self, key: str) -> bytes:
         return self._namespace + key.encode("ascii")
@@ -817,7 +824,6 @@ class RedisBackend(StorageBackend):
         BackendError
             If the server cannot answer within ``deadline_s``.
         """
-        self._check_open()
         dst = None if out is None else as_writable(out)
         name = self._name(key)
         data: bytes | None = self._single(("GET", name), name)
@@ -833,13 +839,11 @@ class RedisBackend(StorageBackend):
 
     def exists(self, key: str) -> bool:
         """Return whether ``key`` holds a value."""
-        self._check_open()
         name = self._name(key)
         return bool(self._single(("EXISTS", name), name))
 
     def set(self, key: str, value: Buffer) -> bool:
         """Store ``value`` under ``key`` unless it holds one already (the first one wins)."""
-        self._check_open()
         view = as_readable(value)
         name = self._name(key)
         self._single(("SET", name, view, *self._set_args, "NX"), name)
@@ -847,7 +851,6 @@ class RedisBackend(StorageBackend):
 
     def delete(self, key: str) -> bool:
         """Remove ``key``; return whether it existed."""
-        self._check_open()
         name = self._name(key)
         return bool(self._single(("UNLINK", name), name))
 
@@ -855,18 +858,15 @@ class RedisBackend(StorageBackend):
 
     def batch_get(self, keys: Sequence[str], outs: Sequence[Buffer]) -> list[bool]:
         """Read each key into its buffer, pipelined; a value of another size is a miss."""
-        self._check_open()
         views = [as_writable(out) for out in outs]
         return self._get_many(keys, [[view] for view in views], [view.nbytes for view in views])
 
     def batch_set(self, keys: Sequence[str], values: Sequence[Buffer]) -> list[bool]:
         """Store each value under its key unless it holds one already, pipelined."""
-        self._check_open()
         return self._set_many(keys, [[as_readable(value)] for value in values])
 
     def batch_exists(self, keys: Sequence[str]) -> int:
         """Return the length of the leading run of keys that exist, stopping at the first gap."""
-        self._check_open()
         names = [self._name(key) for key in keys]
         found = 0
 
@@ -925,7 +925,6 @@ class RedisBackend(StorageBackend):
         A value whose size differs from its page (the sum of its buffers) is a miss and the page
         is left untouched.
         """
-        self._check_open()
         pages = [[_flat(view) for view in views] for views in self.page_views(keys, host_indices)]
         sizes = [sum(view.nbytes for view in views) for views in pages]
         return self._get_many(keys, pages, sizes)
@@ -934,7 +933,6 @@ class RedisBackend(StorageBackend):
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
         """Store each key's page, its buffers sent as they are (never joined on this side)."""
-        self._check_open()
         pages = [[_flat(view) for view in views] for views in self.page_views(keys, host_indices)]
         return self._set_many(keys, pages)
 
@@ -946,7 +944,6 @@ class RedisBackend(StorageBackend):
         Each round trip (one SCAN step, one UNLINK chunk) is bounded by ``deadline_s``; the
         whole walk takes as long as the keyspace needs.
         """
-        self._check_open()
         pattern = self.config.scan_pattern()
         with self._calling():
             self._nodes.prepare()

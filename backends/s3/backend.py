@@ -45,6 +45,11 @@ The deadline
       ``deadline_s``;
     * a streamed body is abandoned between chunks once the call is over.
 
+Closing
+    ``close()`` refuses new calls at once and shuts the pool and the client only once the calls
+    in flight have returned (:func:`~hicache_storage.kit.closed_guard`, waiting up to
+    ``deadline_s``), so no call finds its pool or client gone under it.
+
 Secrets
     Credentials are never options. The secret key and session token the AWS chain resolved are
     masked (``***``) in every message this backend makes and in botocore's and urllib3's own log
@@ -85,7 +90,6 @@ from hicache_storage.buffers import as_readable, as_writable
 from hicache_storage.capabilities import Capabilities
 from hicache_storage.config import Deployment
 from hicache_storage.errors import (
-    BackendClosedError,
     BackendError,
     BackendIOError,
     BackendTimeoutError,
@@ -96,6 +100,7 @@ from hicache_storage.errors import (
     IntegrityError,
 )
 from hicache_storage.keys.validation import validate_key
+from hicache_storage.kit import closed_guard
 from hicache_storage.redact import redact_text, redact_url
 
 from .config import MAX_OBJECT_KEY_BYTES, S3Config
@@ -334,6 +339,7 @@ def _is_missing(exc: ClientError) -> bool:
     return status == 404 and code in _MISSING_CODES
 
 
+@closed_guard
 class S3Backend(StorageBackend):
     """Stores each key as one object of an S3 bucket; see the module docstring.
 
@@ -392,6 +398,11 @@ class S3Backend(StorageBackend):
             self._close()
             raise
 
+    @property
+    def close_timeout_s(self) -> float:
+        """How long ``close()`` waits for calls in flight: ``deadline_s``, which bounds each."""
+        return self._deadline_s
+
     # -- the contract ---------------------------------------------------------------------------
 
     def get(self, key: str, out: Buffer | None = None) -> Buffer | None:
@@ -404,7 +415,6 @@ class S3Backend(StorageBackend):
         BackendError
             If the store failed, the stream ended early or the checksum did not match.
         """
-        self._check_open()
         name = self._name(key)
         if out is None:
             return self._run_one("get", name, self._read_bytes, name)
@@ -414,7 +424,6 @@ class S3Backend(StorageBackend):
 
     def exists(self, key: str) -> bool:
         """Return whether ``key`` holds an object (one ``HeadObject``)."""
-        self._check_open()
         name = self._name(key)
         return self._run_one("head", name, self._head, name)
 
@@ -426,13 +435,11 @@ class S3Backend(StorageBackend):
         BackendError
             If the store failed; the key is then absent or holds its old complete value.
         """
-        self._check_open()
         name = self._name(key)
         return self._run_one("set", name, self._store, name, _body(as_readable(value)))
 
     def batch_get(self, keys: Sequence[str], outs: Sequence[Buffer]) -> list[bool]:
         """Read each object straight into its buffer, concurrently; a size mismatch is a miss."""
-        self._check_open()
         jobs = [
             (self._name(key), [_flat(as_writable(out))])
             for key, out in zip(keys, outs, strict=True)
@@ -441,7 +448,6 @@ class S3Backend(StorageBackend):
 
     def batch_set(self, keys: Sequence[str], values: Sequence[Buffer]) -> list[bool]:
         """Store each value under its key, concurrently (the first value of a key wins)."""
-        self._check_open()
         jobs = [
             (self._name(key), _body(as_readable(value)))
             for key, value in zip(keys, values, strict=True)
@@ -454,7 +460,6 @@ class S3Backend(StorageBackend):
         At most ``max_concurrency`` ``HeadObject`` requests are in flight, in key order; none is
         issued past the first miss.
         """
-        self._check_open()
         names = [self._name(key) for key in keys]
         call = self._new_call()
         window: deque[concurrent.futures.Future[bool]] = deque()
@@ -487,7 +492,6 @@ class S3Backend(StorageBackend):
 
         An object whose size differs from a page is a miss and its page is left untouched.
         """
-        self._check_open()
         pages = self.page_views(keys, host_indices)
         jobs = [
             (self._name(key), [_flat(view) for view in views])
@@ -499,7 +503,6 @@ class S3Backend(StorageBackend):
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
         """Store each key's host-pool page as one object, concurrently."""
-        self._check_open()
         pages = self.page_views(keys, host_indices)
         jobs: list[tuple[str, bytes | bytearray]] = []
         for key, views in zip(keys, pages, strict=True):
@@ -512,7 +515,6 @@ class S3Backend(StorageBackend):
 
     def delete(self, key: str) -> bool:
         """Remove ``key``; return whether it existed (``HeadObject``, then ``DeleteObject``)."""
-        self._check_open()
         name = self._name(key)
         return self._run_one("delete", name, self._delete, name)
 
@@ -523,7 +525,6 @@ class S3Backend(StorageBackend):
         deeper prefixes (other namespaces) and foreign names are left alone. Each request (a
         listing page, a deletion of up to 1000) has its own ``deadline_s``.
         """
-        self._check_open()
         names = self._list_own()
         where = self._prefix or "/"
         for start in range(0, len(names), 1000):
@@ -830,10 +831,7 @@ class S3Backend(StorageBackend):
     def _submit(
         self, call: _Call, fn: Callable[..., T], args: tuple[Any, ...]
     ) -> concurrent.futures.Future[T]:
-        try:
-            return self._pool.submit(self._job, call, fn, args)
-        except RuntimeError:  # the pool was shut down by close() in another thread
-            raise BackendClosedError(f"backend {self.name!r} is closed; create a new one") from None
+        return self._pool.submit(self._job, call, fn, args)
 
     def _run_one(self, op: str, name: str, fn: Callable[..., T], *args: Any) -> T:
         """Run one request on the pool; its answer, or ``BackendTimeoutError`` at the deadline."""
@@ -867,7 +865,7 @@ class S3Backend(StorageBackend):
                 if future.done() and not future.cancelled() and future.exception() is not None:
                     self._result(future, op, names[index], len(jobs))
             if pending:
-                index = futures.index(next(f for f in futures if not f.done()))
+                index = next(i for i, future in enumerate(futures) if future in pending)
                 raise self._expired(op, names[index], len(jobs))
             return [future.result() for future in futures]
         finally:
@@ -922,10 +920,6 @@ class S3Backend(StorageBackend):
         return None
 
     # -- errors and counters --------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise BackendClosedError(f"backend {self.name!r} is closed; create a new one")
 
     def _where(self, name: str) -> str:
         return f"s3://{self._bucket}/{name} at {self._endpoint}"

@@ -60,7 +60,7 @@ from hicache_storage.errors import (
     ConfigError,
 )
 from hicache_storage.integrity import RECORD_BYTES, seal, verify
-from hicache_storage.kit import POSIX_ERRORS, ErrorMap, MediumFaults, flat
+from hicache_storage.kit import POSIX_ERRORS, ErrorMap, MediumFaults, closed_guard, flat
 
 from .config import ThreeFSConfig
 from .io import IORequest, SlotIO, open_io
@@ -134,6 +134,7 @@ class _Cursor:
         return taken
 
 
+@closed_guard(also=("locate",))
 class ThreeFSBackend(StorageBackend):
     """Stores values in slots of large files on a 3FS mount; see the module docstring.
 
@@ -239,6 +240,15 @@ class ThreeFSBackend(StorageBackend):
                 usrbio_entries=config.usrbio_entries,
                 usrbio_buffer_bytes=config.usrbio_buffer_bytes,
             )
+
+    @property
+    def close_timeout_s(self) -> float:
+        """How long ``close()`` waits for calls in flight: the longest a call takes.
+
+        At most two metadata requests of ``timeout_s`` each, plus up to ``timeout_s`` a set
+        waits for another writer of its key.
+        """
+        return 3 * self.config.timeout_s
 
     # -- the contract ---------------------------------------------------------------------------
 

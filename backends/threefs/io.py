@@ -32,6 +32,7 @@ from types import ModuleType
 from typing import Any, Literal, NamedTuple
 
 from hicache_storage.errors import ConfigError, MissingDependencyError
+from hicache_storage.kit.guard import DRAIN_S, CallGate
 from hicache_storage.vectored import read_into, write_from
 
 __all__ = [
@@ -94,6 +95,10 @@ class SlotIO(abc.ABC):
         Bytes each file must hold.
     io_threads
         Worker threads a batch is spread over; 1 runs every request in the caller's thread.
+
+    Every batch runs inside a :class:`~hicache_storage.kit.CallGate`: :meth:`close` refuses
+    new batches (``BackendClosedError``) and closes the files only once the running ones are
+    done, so no read or write ever reaches a closed, or reused, descriptor.
     """
 
     kind: str = ""
@@ -104,6 +109,7 @@ class SlotIO(abc.ABC):
         self._threads = io_threads
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        self._gate = CallGate(f"3fs {self.kind} I/O")
         try:
             for path in self.paths:
                 fd = os.open(path, _FLAGS, 0o644)
@@ -121,8 +127,11 @@ class SlotIO(abc.ABC):
         ------
         OSError
             If a read fails or the file ends first.
+        BackendClosedError
+            After :meth:`close`.
         """
-        self._run(requests, self._read_batch)
+        with self._gate.inside():
+            self._run(requests, self._read_batch)
 
     def write(self, requests: Sequence[IORequest]) -> None:
         """Write every request's buffers to its file range.
@@ -131,21 +140,41 @@ class SlotIO(abc.ABC):
         ------
         OSError
             If a write fails.
+        BackendClosedError
+            After :meth:`close`.
         """
-        self._run(requests, self._write_batch)
+        with self._gate.inside():
+            self._run(requests, self._write_batch)
 
     def sync(self, files: Sequence[int]) -> None:
-        """Flush the named files' data to stable storage."""
-        for file in sorted(set(files)):
-            os.fsync(self.fds[file])
+        """Flush the named files' data to stable storage.
+
+        Raises
+        ------
+        BackendClosedError
+            After :meth:`close`.
+        """
+        with self._gate.inside():
+            self._sync(sorted(set(files)))
 
     def close(self) -> None:
-        """Stop the worker threads and close the files."""
+        """Refuse new batches; once the running ones are done, stop the workers, close the files."""
+        self._gate.shut(self._release, DRAIN_S)
+
+    def _sync(self, files: Sequence[int]) -> None:
+        for file in files:
+            os.fsync(self.fds[file])
+
+    def _release(self) -> None:
+        """Stop the worker threads and close the files (no batch is running)."""
+        self._stop_pool()
+        self._close_fds()
+
+    def _stop_pool(self) -> None:
         with self._pool_lock:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
-        self._close_fds()
 
     @abc.abstractmethod
     def _read_batch(self, requests: Sequence[IORequest]) -> None:
@@ -267,17 +296,14 @@ class UsrbioIO(SlotIO):
             self.close()
             raise
 
-    def sync(self, files: Sequence[int]) -> None:
+    def _sync(self, files: Sequence[int]) -> None:
         """Flush the named files through usrbio (which also publishes their length)."""
-        for file in sorted(set(files)):
+        for file in files:
             self.module.force_fsync(self.fds[file])
 
-    def close(self) -> None:
+    def _release(self) -> None:
         """Deregister the files, drop the rings and iovecs, close everything."""
-        with self._pool_lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+        self._stop_pool()
         registered, self._registered = self._registered, []
         for fd in registered:
             with contextlib.suppress(Exception):
