@@ -292,7 +292,7 @@ def read_source(source: Any) -> dict[str, Any]:
     """Read a config source into a plain mapping.
 
     A file is UTF-8 (a byte-order mark allowed), or UTF-16 or UTF-32 as some editors save it;
-    :func:`json.detect_encoding` tells them apart.
+    ``json.detect_encoding`` tells them apart.
 
     Raises
     ------

@@ -274,9 +274,10 @@ class TierCache:
         Page size and policies.
     scheme
         How page hashes become storage keys; the default is a single rank's rank-suffix scheme.
-        A :class:`RankSuffixScheme` without an ``object_format`` gets the host pool's (with the
-        model's identity once :meth:`bind_model` names it), unless the backend keeps a foreign
-        naming (``capabilities.foreign_names``), which must stay exact. A
+        A :class:`~hicache_storage.keys.RankSuffixScheme` without an ``object_format`` gets
+        the host pool's (with the model's identity once :meth:`bind_model` names it), unless
+        the backend keeps a foreign naming (``capabilities.foreign_names``), which must stay
+        exact. A
         :class:`~hicache_storage.keys.UnifiedPlan` stores each page as the plan's objects.
 
     Raises

@@ -80,7 +80,7 @@ class Engine:
 
         Every request is checked first: if one is invalid (or the same object is given twice)
         none is submitted and :class:`InvalidRequestError` says which. A request that fails
-        while served ends ``FAILED`` with its :attr:`Request.error`; the others finish. An
+        while served ends ``FAILED`` with its ``Request.error``; the others finish. An
         error that is no single request's (a failed poll or load) fails the batch's unfinished
         requests, giving back what they hold, and is raised.
         """

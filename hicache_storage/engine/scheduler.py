@@ -60,7 +60,7 @@ class RequestState(enum.Enum):
     DECODE = "decode"
     FINISHED = "finished"
     FAILED = "failed"
-    """Ended by an error (:attr:`Request.error`); everything it held was given back."""
+    """Ended by an error (``Request.error``); everything it held was given back."""
 
 
 @dataclass(eq=False)

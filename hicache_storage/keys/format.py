@@ -56,7 +56,7 @@ class ObjectFormat(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     layout
         Byte order of the object: the host pool layout it was written from.
     version
-        :data:`FORMAT_VERSION` of the encoding.
+        ``FORMAT_VERSION`` of the encoding.
     """
 
     model: str
