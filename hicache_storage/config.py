@@ -369,23 +369,24 @@ def _check_shape(data: Any, what: str) -> None:
 
     Iterative, so that a structure built in code (not parsed) cannot exhaust the stack either.
     """
-    stack: list[tuple[Any, int]] = [(data, 1)]
+    stack: list[tuple[Any, int, str]] = [(data, 1, "")]
     while stack:
-        value, depth = stack.pop()
+        value, depth, path = stack.pop()
         if isinstance(value, Mapping):
-            children: Any = value.values()
+            children: Any = [(child, f"{path}.{key}") for key, child in value.items()]
         elif isinstance(value, (list, tuple)):
-            children = value
+            children = [(child, f"{path}[{i}]") for i, child in enumerate(value)]
         else:
             if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+                where = f" at {path.lstrip('.')}" if path else ""
                 raise ConfigError(
-                    f"{what} holds an integer of {value.bit_length()} bits; integers of a "
-                    f"config fit in {MAX_INT_BITS}"
+                    f"{what} holds an integer of {value.bit_length()} bits{where}; integers "
+                    f"of a config fit in {MAX_INT_BITS}"
                 )
             continue
         if depth > MAX_DEPTH:
             raise ConfigError(f"{what} is nested deeper than {MAX_DEPTH} levels")
-        stack.extend((child, depth + 1) for child in children)
+        stack.extend((child, depth + 1, where) for child, where in children)
 
 
 def convert(data: Mapping[str, Any], type_: type[T], what: str) -> T:
