@@ -16,7 +16,8 @@ Writes
 
 Reads
     ``open`` + ``fstat`` + ``preadv`` straight into the caller's buffer (or the host pool's page
-    buffers for the v1 calls): the size is checked before any byte is read.
+    buffers for the v1 calls): the size is checked before any byte is read. The v1 calls move
+    ``io_threads`` pages at once (:class:`~hicache_storage.kit.IOWorkers`).
 
 Integrity (``integrity=True``, the default)
     Each file is the value followed by a 32-byte :mod:`~hicache_storage.integrity` record
@@ -57,7 +58,12 @@ from hicache_storage.backend import HostPool, StorageBackend
 from hicache_storage.buffers import as_readable, as_writable
 from hicache_storage.capabilities import Capabilities
 from hicache_storage.config import Deployment
-from hicache_storage.errors import BufferSizeError, HiCacheError, InvalidKeyError
+from hicache_storage.errors import (
+    BatchMismatchError,
+    BufferSizeError,
+    HiCacheError,
+    InvalidKeyError,
+)
 from hicache_storage.hostpool import HostKVPool
 from hicache_storage.integrity import RECORD_BYTES, seal, verify
 from hicache_storage.keys.format import ObjectFormat
@@ -67,6 +73,7 @@ from hicache_storage.kit import (
     ErrorMap,
     FanoutPaths,
     FormatManifest,
+    IOWorkers,
     MediumFaults,
     closed_guard,
     flat,
@@ -181,6 +188,7 @@ class FileBackend(StorageBackend):
             foreign_names=self._compat,
         )
         self._formats = FormatManifest(self.root)
+        self._io = IOWorkers(config.threads, "hicache-file-io")
         self._owns: Callable[[str], bool] = (
             self.deployment.scheme().owns if config.ownership == "rank" else _owns_everything
         )
@@ -289,6 +297,32 @@ class FileBackend(StorageBackend):
         view = as_readable(value)
         return self._store(key, [view])
 
+    def batch_get(self, keys: Sequence[str], outs: Sequence[Buffer]) -> list[bool]:
+        """Read each key into its output buffer, ``io_threads`` at once; per-key hits.
+
+        An object whose size differs from its output buffer is a miss (the buffer untouched).
+        """
+        if len(keys) != len(outs):
+            raise BatchMismatchError(f"got {len(keys)} keys but {len(outs)} output buffers")
+        return self._io.map(self._get_into, list(zip(keys, outs, strict=True)))
+
+    def batch_set(self, keys: Sequence[str], values: Sequence[Buffer]) -> list[bool]:
+        """Store each value under its key, ``io_threads`` at once (the first value wins)."""
+        if len(keys) != len(values):
+            raise BatchMismatchError(f"got {len(keys)} keys but {len(values)} values")
+        return self._io.map(self._set_one, list(zip(keys, values, strict=True)))
+
+    def _get_into(self, item: tuple[str, Buffer]) -> bool:
+        key, out = item
+        try:
+            return self.get(key, out) is not None
+        except BufferSizeError:
+            return False
+
+    def _set_one(self, item: tuple[str, Buffer]) -> bool:
+        key, value = item
+        return self.set(key, value)
+
     def batch_exists(self, keys: Sequence[str]) -> int:
         """Return the length of the leading run of keys that exist."""
         count = 0
@@ -316,20 +350,22 @@ class FileBackend(StorageBackend):
         An object whose size differs from a page is a miss and its page is left untouched.
         """
         pages = self.page_views(keys, host_indices)
-        return [
-            self._load_page(key, [flat(view) for view in views])
-            for key, views in zip(keys, pages, strict=True)
-        ]
+        return self._io.map(self._load_flat, list(zip(keys, pages, strict=True)))
 
     def batch_set_v1(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
         """Write each key's page of the host pool as one object, gathering its buffers."""
         pages = self.page_views(keys, host_indices)
-        results = []
-        for key, views in zip(keys, pages, strict=True):
-            results.append(self._store(key, [flat(view) for view in views]))
-        return results
+        return self._io.map(self._store_flat, list(zip(keys, pages, strict=True)))
+
+    def _load_flat(self, page: tuple[str, list[memoryview]]) -> bool:
+        key, views = page
+        return self._load_page(key, [flat(view) for view in views])
+
+    def _store_flat(self, page: tuple[str, list[memoryview]]) -> bool:
+        key, views = page
+        return self._store(key, [flat(view) for view in views])
 
     # -- housekeeping ---------------------------------------------------------------------------
 
@@ -403,6 +439,7 @@ class FileBackend(StorageBackend):
         return stats
 
     def _close(self) -> None:
+        self._io.close()
         with self._meta_lock:
             self._meta.clear()
         self._files.forget_dirs()

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 import msgspec
 
-from hicache_storage.options import MAX_TTL_S, check_bytes, check_seconds
+from hicache_storage.options import MAX_TTL_S, check_bytes, check_count, check_seconds
 
 __all__ = ["FileConfig"]
 
 _OWNERSHIP = ("all", "rank")
 _NAMING = ("hicache", "sglang_file_compat")
+DEFAULT_IO_THREADS = 16
+"""Most pages in flight by default (the CPU count decides below it)."""
+MAX_IO_THREADS = 256
 
 
 def _check_bool(name: str, value: object) -> None:
@@ -72,6 +76,10 @@ class FileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         what the other wrote. That layout has no fan-out and no integrity record. Files that are
         not ``<valid key>.bin`` (SGLang's ``.<uuid>.tmp`` files among them) are never indexed,
         evicted or removed; only this backend's own stale temporary files are.
+    io_threads
+        Pages a ``batch_get_v1``/``batch_set_v1`` moves at once, each on one of this many
+        threads (``preadv``/``pwritev`` and CRC32C release the GIL). ``None`` (the default)
+        means the machine's CPU count, at most 16; 1 moves one page after another.
     """
 
     root: str
@@ -85,6 +93,7 @@ class FileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     stale_temp_s: float = 600.0
     integrity: bool | None = None
     naming: Literal["hicache", "sglang_file_compat"] = "hicache"
+    io_threads: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.root, str):
@@ -121,6 +130,8 @@ class FileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             raise ValueError(f"low_watermark must be within (0, 1), got {low}")
         if self.ownership not in _OWNERSHIP:
             raise ValueError(f"ownership must be 'all' or 'rank', got {self.ownership!r}")
+        if self.io_threads is not None:
+            check_count("io_threads", self.io_threads, maximum=MAX_IO_THREADS)
 
     @property
     def use_fanout(self) -> bool:
@@ -128,6 +139,13 @@ class FileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         if self.fanout is None:
             return self.naming == "hicache"
         return self.fanout
+
+    @property
+    def threads(self) -> int:
+        """Pages in flight per batch (``io_threads`` with None resolved)."""
+        if self.io_threads is None:
+            return min(DEFAULT_IO_THREADS, os.cpu_count() or 1)
+        return self.io_threads
 
     @property
     def use_integrity(self) -> bool:

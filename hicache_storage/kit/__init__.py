@@ -10,6 +10,8 @@ Everything here is public API, used by the built-in backends and the same for th
   temp-file-then-link writer (:class:`AtomicFiles`) of one-file-per-key backends;
 * :mod:`~hicache_storage.kit.formats`: :class:`FormatManifest`, the per-directory record of
   what objects' bytes mean, for namings whose keys cannot say it;
+* :mod:`~hicache_storage.kit.parallel`: :class:`IOWorkers`, many pages in flight on a bounded,
+  lazily started thread pool;
 * :mod:`~hicache_storage.kit.guard`: :func:`closed_guard`, refusing calls after ``close()`` and
   releasing nothing under a call in flight (:class:`CallGate`);
 * :mod:`~hicache_storage.kit.faults`: :class:`MediumFaults`, the fault hook that lets the
@@ -37,6 +39,7 @@ from .pageio import (
     write_from,
     write_views,
 )
+from .parallel import IOWorkers
 
 __all__ = [
     "DRAIN_S",
@@ -54,6 +57,7 @@ __all__ = [
     "ErrorMap",
     "FanoutPaths",
     "FormatManifest",
+    "IOWorkers",
     "MediumFaults",
     "PageBaseline",
     "Rule",

@@ -1,0 +1,93 @@
+"""Many pages in flight: a bounded pool of I/O threads shared by the calls of one backend.
+
+A batch of page reads done one after another runs at the speed of one request to the medium;
+file systems, page caches and NVMe drives serve many at once (on the GPU host, ``preadv`` of
+8 MiB pages from the page cache reaches 4 GiB/s on one thread and 38 GiB/s on sixteen).
+``os.preadv``/``os.pwritev`` and the CRC32C of large buffers release the GIL, so threads are
+enough. :class:`IOWorkers` runs one callable per page on up to ``threads`` threads and hands the
+results back in order, only after every page is done: no worker touches a caller's buffer once
+the call has returned, whether it succeeded or raised.
+
+The threads start on first use, under a lock (two racing first calls make one pool), and stop in
+:meth:`IOWorkers.close`, which the backend calls from its own ``close()`` after its calls have
+drained.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from hicache_storage.errors import BackendClosedError
+
+__all__ = ["IOWorkers"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class IOWorkers:
+    """Run per-page I/O on a bounded, lazily started thread pool.
+
+    Parameters
+    ----------
+    threads
+        Pages in flight at once; 1 runs every page in the calling thread.
+    name
+        Prefix of the threads' names (what a profiler or ``threading.enumerate`` shows).
+    """
+
+    def __init__(self, threads: int, name: str) -> None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+        self.threads = threads
+        self.name = name
+        self._lock = threading.Lock()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._closed = False
+
+    def map(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        """Return ``[fn(item) for item in items]``, computed up to ``threads`` at a time.
+
+        Every item is finished before this returns or raises; if any raised, the exception of
+        the first such item (in order) is raised.
+
+        Raises
+        ------
+        BackendClosedError
+            After :meth:`close`.
+        """
+        if len(items) <= 1 or self.threads == 1:
+            self._check_open()
+            return [fn(item) for item in items]
+        futures = [self._executor().submit(fn, item) for item in items]
+        concurrent.futures.wait(futures)
+        return [future.result() for future in futures]
+
+    def close(self) -> None:
+        """Stop the threads (waiting for work already submitted); idempotent."""
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    @property
+    def started(self) -> bool:
+        """Whether the thread pool exists (it starts on the first batch of two or more pages)."""
+        return self._pool is not None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendClosedError(f"the I/O threads of {self.name} are stopped")
+
+    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._lock:
+            self._check_open()
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    self.threads, thread_name_prefix=self.name
+                )
+            return self._pool
