@@ -154,9 +154,12 @@ def unique_rounds(names: Sequence[str]) -> list[list[int]]:
     return rounds
 
 
-RPC_FAIL_RESENDS = 3
-"""How often a request that failed whole with ``RPC_FAIL`` is sent again: the client pools
-several master connections, and after a master restart each fails once (seen: two in a row)."""
+RPC_FAIL_RESENDS = 16
+"""How often a request that failed whole with ``RPC_FAIL`` is sent again (while the deadline has
+room): the client library pools master connections per process, and after a master restart each
+pooled connection fails once, at once ("End of file"). A process that opened many instances holds
+many (seen: four in a row after the conformance suite's close races), so a few resends were not
+enough; each costs microseconds."""
 
 MAX_CALL_BUFFERS = 512
 """Most page buffers one multi-buffer request carries. The library queues every buffer's
@@ -283,8 +286,14 @@ class MooncakeBackend(StorageBackend):
         client = self._client
         with client.call(what, self._count):
             code = int(ask())
-        if code == RPC_FAIL and deadline.allows(self._timeouts.cost("meta")):
-            with client.call(what, self._count):  # once: a connection the master reset
+        resent = 0
+        while (
+            code == RPC_FAIL
+            and resent < RPC_FAIL_RESENDS
+            and deadline.allows(self._timeouts.cost("meta"))
+        ):
+            resent += 1
+            with client.call(what, self._count):  # again: a connection the master reset
                 code = int(ask())
         return client.check(code, what, self._count)
 
@@ -467,11 +476,14 @@ class MooncakeBackend(StorageBackend):
             return 0
         client = self._client
         names = self._keys(keys)
+        deadline = self._begin()
         codes: list[int] = []
         for _ in range(1 + RPC_FAIL_RESENDS):  # again after a connection the master reset
             with client.call("batch_is_exist", self._count):
                 codes = [int(code) for code in client.store.batch_is_exist(names)]
             if not codes or any(code != RPC_FAIL for code in codes):
+                break
+            if not deadline.allows(self._timeouts.cost("meta")):
                 break
         client.check_batch(codes, "batch_is_exist", self._count)
         count = 0
