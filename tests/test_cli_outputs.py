@@ -1,4 +1,4 @@
-"""Issue 22 on the CLI: outputs checked before the run, no finished result lost, private reports."""
+"""The CLI's outputs: checked before the run, no finished result lost, reports kept private."""
 
 from __future__ import annotations
 
@@ -13,15 +13,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+from hicache_storage.cli import engine as engine_cli
 from hicache_storage.cli import main
 from hicache_storage.conformance import engine as engine_check
 from hicache_storage.conformance import report as conformance_report
 from hicache_storage.conformance.engine import EngineCheck, EngineReport
 from hicache_storage.conformance.report import Report, write_report
-
-pytest.importorskip("torch")
-
-from hicache_storage.cli import engine as engine_cli
 from hicache_storage.engine.bench import BenchConfig, BenchResult, run_bench
 
 TINY = BenchConfig(

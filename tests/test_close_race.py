@@ -1,4 +1,4 @@
-"""``close()`` while other threads are inside calls (issue 22, item 7).
+"""``close()`` while other threads are inside calls.
 
 :class:`~hicache_storage.kit.CallGate` and :func:`~hicache_storage.kit.closed_guard`: a call in
 flight completes or raises ``BackendClosedError``, nothing is released under it, and the

@@ -1,4 +1,4 @@
-"""Issue 22: URL passwords masked as the clients parse them; config input that is not plain JSON."""
+"""URL passwords masked as the clients parse them; config input that is not plain JSON."""
 
 from __future__ import annotations
 

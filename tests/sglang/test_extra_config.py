@@ -1,4 +1,4 @@
-"""Issue 22 in the SGLang adapter: extra config that is not plain JSON is a ``ConfigError``."""
+"""The SGLang adapter: extra config that is not plain JSON is a ``ConfigError``."""
 
 from __future__ import annotations
 

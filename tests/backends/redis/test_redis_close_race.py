@@ -1,4 +1,4 @@
-"""``close()`` while threads are inside calls (issue 22, item 7), on a server and a cluster.
+"""``close()`` while threads are inside calls, on a server and a cluster.
 
 Before, ``close()`` disconnected the pools under running pipelines: calls raised redis-py's
 ``AttributeError`` / ``TypeError`` or a false ``BackendUnavailableError``.

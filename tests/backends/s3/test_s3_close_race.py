@@ -1,4 +1,4 @@
-"""``close()`` while threads are inside calls (issue 22, item 7), against a real S3 server.
+"""``close()`` while threads are inside calls, against a real S3 server.
 
 Before, ``close()`` shut the request pool under running batches, which then raised
 ``StopIteration`` (or ``RuntimeError`` from the pool) instead of answering.

@@ -1,4 +1,4 @@
-"""``close()`` under a running read (issue 22, item 7): the descriptors outlive every batch.
+"""``close()`` under a running read: the descriptors outlive every batch.
 
 Before, :meth:`SlotIO.close` closed the data files under a running ``preadv`` (a recycled
 descriptor could then be read or written) and a batch that came after found an empty list
