@@ -417,9 +417,12 @@ def _policy(case: _Case, write: WritePolicy, prefetch: PrefetchPolicy) -> None:
     warm = case.serve(case.cache(backend, write, prefetch), "warm engine")
     stats = warm.stats
     assert stats.pages_backed_up > 0, "the warm engine never evicted to the host (harness bug)"
-    assert stats.host_hit_tokens + stats.storage_hit_tokens > 0, (
-        "the warm engine never hit below the device (harness bug)"
-    )
+    # best_effort waits for nothing: whether a page is still on the 12-page host pool when a
+    # request asks for it depends on how fast the writes drain, so only the waiting policies
+    # must hit below the device.
+    assert prefetch is PrefetchPolicy.BEST_EFFORT or (
+        stats.host_hit_tokens + stats.storage_hit_tokens > 0
+    ), "the warm engine never hit below the device (harness bug)"
     assert stats.pages_stored > 0, (
         f"no page was written to storage under {write.value} "
         f"({stats.backups_failed} failed, {stats.backups_refused} refused)"

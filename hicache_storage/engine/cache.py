@@ -53,9 +53,18 @@ from hicache_storage.keys import (
     logical_dtype,
 )
 
+from .costs import CostModel
 from .errors import PoolMismatchError
 from .loading import LayerLoad, LoadTiming
-from .policies import PrefetchPolicy, PrefetchTimeout, WritePolicy, prefetch_done_waiting
+from .policies import (
+    FetchView,
+    PrefetchPolicy,
+    PrefetchTimeout,
+    WritePolicy,
+    adaptive_wait_s,
+    fetch_pays,
+    prefetch_done_waiting,
+)
 from .radix import MatchResult, Node, RadixTree, Tier
 from .storage_io import Backup, BackupDone, Prefetch, PrefetchState, StorageIO
 
@@ -146,15 +155,19 @@ class CacheConfig:
     backup_after_hits
         Hits after which ``write_through_selective`` backs a page up.
     prefetch_policy, prefetch_timeout
-        When a waiting request stops waiting for its storage prefetch. The default waits a
-        bounded time (``timeout``) so that storage hits are used; SGLang's default,
-        ``best_effort``, never delays a request and so uses only what arrived already.
+        When a waiting request stops waiting for its storage prefetch. The default,
+        ``adaptive``, reads only what reads faster than it computes and waits only while that
+        is cheaper than recomputing; ``timeout`` waits up to a deadline grown with the fetch;
+        SGLang's default, ``best_effort``, never delays a request and so uses only what arrived
+        already.
     prefetch_threshold
         Fewest pages worth fetching from storage; shorter storage hits are recomputed.
     prefetch_capacity
         Most host tokens that in-flight prefetches may hold; None for half the host pool.
     read_batch_pages
         Pages per storage read of a prefetch.
+    query_threads, read_threads
+        Existence queries and prefetch reads in flight at once.
     write_queue
         Most backups queued for storage at once.
     load_max_gbps, backup_max_gbps
@@ -165,11 +178,13 @@ class CacheConfig:
     prefix_cache: bool = True
     write_policy: WritePolicy = WritePolicy.WRITE_THROUGH
     backup_after_hits: int = 2
-    prefetch_policy: PrefetchPolicy = PrefetchPolicy.TIMEOUT
+    prefetch_policy: PrefetchPolicy = PrefetchPolicy.ADAPTIVE
     prefetch_timeout: PrefetchTimeout = field(default_factory=PrefetchTimeout)
     prefetch_threshold: int = 1
     prefetch_capacity: int | None = None
     read_batch_pages: int = 32
+    query_threads: int = 2
+    read_threads: int = 4
     write_queue: int = 64
     load_max_gbps: float | None = None
     backup_max_gbps: float | None = None
@@ -180,6 +195,8 @@ class CacheConfig:
             "backup_after_hits",
             "prefetch_threshold",
             "read_batch_pages",
+            "query_threads",
+            "read_threads",
             "write_queue",
         ):
             _positive_int(name, getattr(self, name))
@@ -230,6 +247,8 @@ class Lookup:
     anchor_len: int
     fetch: Prefetch | None = None
     rechecked: bool = False
+    pinned: bool = False
+    """The anchor's host copy is pinned for the fetch (once storage was found to hold pages)."""
 
 
 @dataclass
@@ -330,6 +349,8 @@ class TierCache:
         self.device_alloc = PageAllocator(device_pool.size, config.page_size)
         self.transfer = None if host_pool is None else KVTransfer(device_pool, host_pool)
         self.io: StorageIO | None = None
+        self.costs = CostModel()
+        """Measured read, query and compute times (the scheduler records its forwards)."""
         if backend is not None and host_pool is not None:
             backend.register_host_pool(host_pool if self.objects is None else self.objects)
             self.io = StorageIO(
@@ -337,6 +358,9 @@ class TierCache:
                 read_batch_pages=config.read_batch_pages,
                 write_capacity=config.write_queue,
                 object_indices=None if self.objects is None else self.objects.object_indices,
+                query_threads=config.query_threads,
+                read_threads=config.read_threads,
+                costs=self.costs,
             )
         self.stats = CacheStats()
         self.token_bytes = device_pool.row_nbytes * device_pool.num_kv * device_pool.layer_num
@@ -346,7 +370,8 @@ class TierCache:
         self._prefetch_capacity = capacity or 0
         self._prefetch_held = 0
         self._draining: list[Prefetch] = []
-        self._fetching: list[Prefetch] = []
+        self._fetching: list[tuple[Prefetch, Lookup]] = []
+        self._reading: list[Prefetch] = []
         self._writing: dict[int, tuple[Node, frozenset[str]]] = {}
         self._write_failed: set[int] = set()
         self._loads: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -429,21 +454,19 @@ class TierCache:
         self._start_prefetch(lookup, match)
 
     def _start_prefetch(self, lookup: Lookup, match: MatchResult) -> None:
-        """Start fetching the pages after ``match`` when storage may hold enough of them."""
-        anchor = match.last_node
+        """Start asking storage for the pages after ``match`` when enough of them may be there.
+
+        Only the existence query starts here: nothing is copied to the host, pinned or
+        allocated for a request until storage is known to hold its pages
+        (:meth:`_assign_slots`), so a prefetch that finds nothing costs the host no room.
+        """
         hashes = match.remainder_hashes
-        if (
-            self.io is None
-            or len(hashes) < self.config.prefetch_threshold
-            or not self._on_host(anchor)
-        ):
+        if self.io is None or len(hashes) < self.config.prefetch_threshold:
             return
-        if not anchor.is_root:
-            self.tree.pin_host(anchor)
         keys = self.scheme.keys(hashes)
         fetch = Prefetch(keys, self.scheme.keys_per_page, None, self.config.page_size)
         lookup.fetch = fetch
-        self._fetching.append(fetch)
+        self._fetching.append((fetch, lookup))
         self.stats.prefetches += 1
         self.io.prefetch(fetch)
 
@@ -451,20 +474,29 @@ class TierCache:
         """Give host slots to the prefetches whose existence query answered, within the cap.
 
         Slots are taken only for the pages storage holds, so a prefetch that finds nothing
-        never evicts a host page.
+        never evicts a host page; the request's matched prefix is put on the host and pinned
+        then (the fetched pages hang below it). Under ``adaptive`` a fetch whose reads would
+        take longer than recomputing its pages (reads queued ahead included) reads nothing.
         """
         page = self.config.page_size
-        waiting: list[Prefetch] = []
-        for fetch in self._fetching:
+        waiting: list[tuple[Prefetch, Lookup]] = []
+        for fetch, lookup in self._fetching:
             state = fetch.state
             if state is PrefetchState.QUERYING:
-                waiting.append(fetch)
+                waiting.append((fetch, lookup))
                 continue
             if state is not PrefetchState.QUERIED:
                 continue
             room = (self._prefetch_capacity - self._prefetch_held) // page
             pages = min(fetch.hit_pages or 0, room)
-            if pages < self.config.prefetch_threshold:
+            if (
+                pages < self.config.prefetch_threshold
+                or (
+                    self.config.prefetch_policy is PrefetchPolicy.ADAPTIVE
+                    and not fetch_pays(pages, page, self._queued_pages(None), self.costs)
+                )
+                or not self._pin_anchor(lookup)
+            ):
                 fetch.cancel()
                 continue
             host = self._alloc_host(pages * page)
@@ -472,23 +504,93 @@ class TierCache:
                 fetch.cancel()
             elif fetch.assign(host):
                 self._prefetch_held += host.numel()
+                self._reading.append(fetch)
                 assert self.io is not None
                 self.io.read(fetch)
             elif self.host_pool is not None:
                 self.host_pool.free(host)
         self._fetching = waiting
 
-    def ready(self, lookup: Lookup) -> bool:
-        """Whether the prefetch policy lets the request be scheduled now."""
+    def _pin_anchor(self, lookup: Lookup) -> bool:
+        """Put the request's matched prefix on the host and pin it; False if it is gone."""
+        anchor = lookup.anchor
+        if lookup.pinned or anchor.is_root:
+            return True
+        if not anchor.in_tree or not self._on_host(anchor):
+            return False
+        self.tree.pin_host(anchor)
+        lookup.pinned = True
+        return True
+
+    def _unpin_anchor(self, lookup: Lookup) -> None:
+        if lookup.pinned:
+            lookup.pinned = False
+            self.tree.unpin_host(lookup.anchor)
+
+    def _queued_pages(self, fetch: Prefetch | None) -> float:
+        """Pages each read thread reads before ``fetch`` (None: before a fetch started now)."""
+        still: list[Prefetch] = []
+        ahead = 0
+        for other in self._reading:
+            if other.state is PrefetchState.FINISHED:
+                continue
+            still.append(other)
+            if other is fetch:
+                break
+            ahead += other.target_pages - other.read_pages
+        else:
+            self._reading = still
+        threads = 1 if self.io is None else self.io.read_threads
+        return ahead / threads
+
+    def ready(self, lookup: Lookup, *, block_s: float = 0.0, next_step_s: float = 0.0) -> bool:
+        """Whether the prefetch policy lets the request be scheduled now.
+
+        Under ``adaptive`` the caller may block up to ``block_s`` for a fetch about to arrive
+        (the scheduler does when the wait is short against a forward); otherwise the request
+        waits for a later step, ``next_step_s`` from now.
+        """
         fetch = lookup.fetch
         if fetch is None or (self.io is not None and not self.io.alive):
             return True
-        return prefetch_done_waiting(
-            self.config.prefetch_policy,
-            self.config.prefetch_timeout,
-            finished=fetch.state is PrefetchState.FINISHED,
-            pages=fetch.target_pages,
+        policy = self.config.prefetch_policy
+        if policy is not PrefetchPolicy.ADAPTIVE:
+            return prefetch_done_waiting(
+                policy,
+                self.config.prefetch_timeout,
+                finished=fetch.state is PrefetchState.FINISHED,
+                pages=fetch.target_pages,
+                elapsed_s=time.monotonic() - fetch.started,
+            )
+        deadline = time.monotonic() + block_s
+        while True:
+            self._assign_slots()
+            left = deadline - time.monotonic()
+            eta = adaptive_wait_s(
+                self._view(fetch),
+                self.costs,
+                page_size=self.config.page_size,
+                block_s=max(left, 0.0),
+                next_step_s=next_step_s,
+            )
+            if eta is None:
+                return True
+            if eta >= left:
+                return False
+            fetch.wait_change(min(max(eta, 0.0005), left))
+
+    def _view(self, fetch: Prefetch) -> FetchView:
+        state = fetch.state
+        call_s, call_pages = fetch.call
+        return FetchView(
+            queried=state is not PrefetchState.QUERYING,
+            finished=state is PrefetchState.FINISHED,
+            target_pages=fetch.target_pages,
+            read_pages=fetch.read_pages,
             elapsed_s=time.monotonic() - fetch.started,
+            call_s=call_s,
+            call_pages=call_pages,
+            queued_pages=self._queued_pages(fetch) if state is PrefetchState.READING else 0.0,
         )
 
     def acquire(self, lookup: Lookup, total_tokens: int) -> Lease | None:
@@ -559,8 +661,7 @@ class TierCache:
         lookup.fetch = None
         fetch.cancel()
         self._drain(fetch)
-        if not lookup.anchor.is_root:
-            self.tree.unpin_host(lookup.anchor)
+        self._unpin_anchor(lookup)
 
     def take_load(self) -> LayerLoad | None:
         """Start the L2→L1 loads of every request admitted since the last call, layer by layer.
@@ -832,8 +933,7 @@ class TierCache:
             if fetch.host_indices is not None:
                 fetch.host_indices = fetch.host_indices[inserted:]
             self._drain(fetch)
-            if not anchor.is_root:
-                self.tree.unpin_host(anchor)
+            self._unpin_anchor(lookup)
         return fresh
 
     def _drain(self, fetch: Prefetch) -> None:

@@ -51,6 +51,12 @@ logger = logging.getLogger(__name__)
 
 _ids = itertools.count()
 
+_BLOCK_SHARE = 0.1
+"""Share of a forward the scheduler may block per step for prefetches about to land."""
+
+_IDLE_BLOCK_S = 0.005
+"""How long the scheduler blocks for a prefetch when nothing runs, before it looks again."""
+
 
 class RequestState(enum.Enum):
     """Where a request is; only ever moves forward."""
@@ -98,6 +104,35 @@ class Request:
     lease: Lease | None = field(default=None, repr=False)
     computed: int = 0
     error: RequestFailedError | None = None
+    ready_at: float | None = None
+    """When the prefetch policy first let the request go (from then on it waited for room)."""
+    query_s: float | None = None
+    """Seconds its storage existence query took (None: it asked storage nothing)."""
+    load_s: float = 0.0
+    """Seconds the forwards that loaded its prefix from the host waited for the copy."""
+
+    @property
+    def timings(self) -> dict[str, float] | None:
+        """Where the time to the first token went, in seconds, once it came.
+
+        ``storage_query`` and ``storage_read`` are the waits for storage before the prefetch
+        policy let the request go (the query counts only as long as the request waited);
+        ``queue`` the wait for room or a batch slot after that; ``load`` the L2→L1 copy time
+        the forward waited for; ``compute`` the rest, up to the first token.
+        """
+        if self.first_token_at is None or self.admitted_at is None:
+            return None
+        ready = self.admitted_at if self.ready_at is None else self.ready_at
+        storage = max(ready - self.arrival, 0.0)
+        query = min(self.query_s or 0.0, storage)
+        load = min(self.load_s, self.first_token_at - self.admitted_at)
+        return {
+            "storage_query": query,
+            "storage_read": storage - query,
+            "queue": max(self.admitted_at - ready, 0.0),
+            "load": load,
+            "compute": max(self.first_token_at - self.admitted_at - load, 0.0),
+        }
 
     @property
     def total_tokens(self) -> int:
@@ -283,6 +318,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.forwards = 0
+        self._admitted: list[Request] = []
 
     @property
     def idle(self) -> bool:
@@ -320,6 +356,8 @@ class Scheduler:
             return []
         batch = self._batch()
         load = self.cache.take_load()
+        loaded, self._admitted = self._admitted, []
+        began = time.perf_counter()
         try:
             logits = self.model.forward(
                 [segment for _, segment, _ in batch],
@@ -327,11 +365,20 @@ class Scheduler:
                 layer_ready=None if load is None else load.wait,
             )
             tokens: list[int | None] = [next_token(row) for row in logits]
+            measured = True
         except Exception:  # noqa: BLE001 - find the request that breaks it; the others go on
             logger.warning("a batched forward failed; computing its requests one by one")
             tokens = self._forward_one_by_one(batch, load)
+            measured = False
+        seconds = time.perf_counter() - began
         if load is not None:
-            self.cache.record_load(load.timing())
+            timing = load.timing()
+            self.cache.record_load(timing)
+            seconds -= timing.exposed_s
+            for request in loaded:
+                request.load_s += timing.exposed_s
+        if measured:  # what computing costs here prices recompute for the prefetch policy
+            self.cache.costs.observe_forward(sum(n for _, _, n in batch), seconds)
         self.forwards += 1
         now = self.clock()
         finished: list[Request] = []
@@ -423,6 +470,12 @@ class Scheduler:
     def _admit(self) -> None:
         admitted: list[Request] = []
         failed: list[tuple[Request, BaseException]] = []
+        forward_s = self.cache.costs.forward_s or 0.0
+        busy = bool(self.running)
+        # Blocking for a fetch about to land delays every running request's next token, so it
+        # is allowed a tenth of a forward per step; with nothing running it delays no one.
+        budget = _BLOCK_SHARE * forward_s if busy else _IDLE_BLOCK_S
+        deadline = time.perf_counter() + budget
         for request in self.waiting:
             if len(self.running) + len(admitted) >= self.max_running:
                 break
@@ -430,8 +483,17 @@ class Scheduler:
             assert lookup is not None
             try:
                 self.cache.recheck(lookup)
-                if not self.cache.ready(lookup):
+                ready = self.cache.ready(
+                    lookup,
+                    block_s=max(deadline - time.perf_counter(), 0.0),
+                    next_step_s=forward_s if busy else _IDLE_BLOCK_S,
+                )
+                if not ready:
                     continue
+                if request.ready_at is None:
+                    request.ready_at = self.clock()
+                if lookup.fetch is not None:
+                    request.query_s = lookup.fetch.query_s
                 lease = self.cache.acquire(lookup, request.total_tokens)
             except Exception as exc:  # noqa: BLE001 - this request fails, the queue goes on
                 failed.append((request, exc))
@@ -461,6 +523,7 @@ class Scheduler:
         for request in admitted:
             self.waiting.remove(request)
         self.running.extend(admitted)
+        self._admitted.extend(admitted)
         for request, error in failed:
             self.fail(request, error)
 

@@ -2,8 +2,10 @@
 
 The scheduler thread owns the radix tree and the allocators; these threads only move bytes
 between the host pool and the backend and report what they did. A :class:`Prefetch` runs on two
-threads in turn: the query thread asks ``batch_exists`` how many of its pages storage holds, the
-read thread reads those pages in batches into host slots the scheduler allocated. The slots may
+threads in turn: a query thread asks ``batch_exists`` how many of its pages storage holds, a
+read thread reads those pages in batches into host slots the scheduler allocated. Several
+queries and several fetches run at once (``query_threads``, ``read_threads``), and every call's
+duration goes to a :class:`~hicache_storage.engine.costs.CostModel`. The slots may
 be given up front, or once the query has answered (:meth:`StorageIO.read`), so that host room is
 taken only for pages storage holds. A
 :class:`Backup` names host slots to write under their keys; the write queue is bounded, and a
@@ -28,6 +30,8 @@ import torch
 
 from hicache_storage.backend import StorageBackend
 from hicache_storage.errors import ConfigError
+
+from .costs import CostModel
 
 __all__ = ["Backup", "BackupDone", "Prefetch", "PrefetchState", "StorageIO"]
 
@@ -97,8 +101,13 @@ class Prefetch:
         self.ticket = ticket
         self.pages = len(keys) // keys_per_page
         self.started = time.monotonic()
+        self.query_s: float | None = None
+        """Seconds the existence query took, once it answered."""
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._state = PrefetchState.QUERYING
+        self._call_started: float | None = None
+        self._call_pages = 0
         self._hit_pages: int | None = None
         self._read_pages = 0
         self._cancelled = False
@@ -127,12 +136,27 @@ class Prefetch:
         with self._lock:
             return self.pages if self._hit_pages is None else self._hit_pages
 
+    @property
+    def call(self) -> tuple[float, int]:
+        """Seconds the read call in flight has run and its pages; ``(0.0, 0)`` when none is."""
+        with self._lock:
+            if self._call_started is None:
+                return 0.0, 0
+            return time.monotonic() - self._call_started, self._call_pages
+
+    def wait_change(self, timeout_s: float) -> None:
+        """Block up to ``timeout_s`` until the fetch's state or progress changes."""
+        with self._changed:
+            if self._state is not PrefetchState.FINISHED:
+                self._changed.wait(max(timeout_s, 0.0))
+
     def cancel(self) -> int:
         """Stop reading further batches; return the leading pages read (final from now on)."""
         with self._lock:
             self._cancelled = True
             if self._state in (PrefetchState.QUERYING, PrefetchState.QUERIED):
                 self._state = PrefetchState.FINISHED
+            self._changed.notify_all()
             return self._read_pages
 
     def assign(self, host_indices: torch.Tensor) -> bool:
@@ -148,13 +172,16 @@ class Prefetch:
             self.host_indices = host_indices[: min(pages, self._hit_pages) * self.page_size]
             self._hit_pages = min(pages, self._hit_pages)
             self._state = PrefetchState.READING
+            self._changed.notify_all()
             return True
 
     # -- the threads' side ------------------------------------------------------------------------
 
-    def _queried(self, hit_pages: int) -> bool:
+    def _queried(self, hit_pages: int, seconds: float) -> bool:
         """Record the query's answer; return whether to read at once (slots given up front)."""
         with self._lock:
+            self._changed.notify_all()
+            self.query_s = seconds
             self._hit_pages = hit_pages
             if self._cancelled or hit_pages == 0:
                 self._state = PrefetchState.FINISHED
@@ -173,21 +200,28 @@ class Prefetch:
                 return None
             if self._cancelled or self._read_pages >= self._hit_pages:
                 self._state = PrefetchState.FINISHED
+                self._changed.notify_all()
                 return None
             first = self._read_pages
-            return first, min(first + batch_pages, self._hit_pages)
+            end = min(first + batch_pages, self._hit_pages)
+            self._call_started, self._call_pages = time.monotonic(), end - first
+            return first, end
 
     def _read(self, pages: int, complete: bool) -> None:
         """Count ``pages`` more pages read; an incomplete batch finishes the fetch."""
         with self._lock:
+            self._call_started = None
             if not self._cancelled:
                 self._read_pages += pages
             if not complete:
                 self._state = PrefetchState.FINISHED
+            self._changed.notify_all()
 
     def _fail(self) -> None:
         with self._lock:
+            self._call_started = None
             self._state = PrefetchState.FINISHED
+            self._changed.notify_all()
 
 
 @dataclass(frozen=True)
@@ -221,7 +255,7 @@ class BackupDone:
 
 
 class StorageIO:
-    """Three daemon threads over one backend: queries, reads and writes.
+    """Daemon threads over one backend: existence queries, reads and writes.
 
     Parameters
     ----------
@@ -237,6 +271,11 @@ class StorageIO:
         scheme of several objects per page (:meth:`UnifiedObjectPool.object_indices
         <hicache_storage.hostpool.UnifiedObjectPool.object_indices>`); None when the host pool
         itself is registered.
+    query_threads, read_threads
+        Existence queries and fetches in flight at once: one request's fetch does not queue
+        behind another's, and a backend that serves calls concurrently is kept busy.
+    costs
+        Where every query's and read call's duration is recorded (for the ``adaptive`` policy).
     """
 
     def __init__(
@@ -246,15 +285,21 @@ class StorageIO:
         read_batch_pages: int = 32,
         write_capacity: int = 64,
         object_indices: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        query_threads: int = 2,
+        read_threads: int = 4,
+        costs: CostModel | None = None,
     ) -> None:
         for name, value in (
             ("read_batch_pages", read_batch_pages),
             ("write_capacity", write_capacity),
+            ("query_threads", query_threads),
+            ("read_threads", read_threads),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
         self.backend = backend
         self.read_batch_pages = read_batch_pages
+        self.costs = costs
         self._objects = object_indices
         self.refused_backups = 0
         self._queries: queue.Queue[object] = queue.Queue()
@@ -262,16 +307,26 @@ class StorageIO:
         self._writes: queue.Queue[object] = queue.Queue(write_capacity)
         self._done: queue.Queue[BackupDone] = queue.Queue()
         self._closed = False
-        self._threads = [
-            threading.Thread(target=loop, name=f"hicache-l3-{name}", daemon=True)
-            for name, loop in (
-                ("query", self._query_loop),
-                ("read", self._read_loop),
-                ("write", self._write_loop),
+        self._query_threads = self._start("query", self._query_loop, query_threads)
+        self._read_threads = self._start("read", self._read_loop, read_threads)
+        self._write_threads = self._start("write", self._write_loop, 1)
+
+    @staticmethod
+    def _start(name: str, loop: Callable[[], None], count: int) -> list[threading.Thread]:
+        threads = [
+            threading.Thread(
+                target=loop, name=f"hicache-l3-{name}" + (f"-{i}" if count > 1 else ""), daemon=True
             )
+            for i in range(count)
         ]
-        for thread in self._threads:
+        for thread in threads:
             thread.start()
+        return threads
+
+    @property
+    def read_threads(self) -> int:
+        """Fetches read at once."""
+        return len(self._read_threads)
 
     # -- the scheduler's side ---------------------------------------------------------------------
 
@@ -321,12 +376,12 @@ class StorageIO:
     @property
     def alive(self) -> bool:
         """Whether every thread is running."""
-        return all(thread.is_alive() for thread in self._threads)
+        return all(thread.is_alive() for thread in self.threads)
 
     @property
     def threads(self) -> tuple[threading.Thread, ...]:
-        """The three threads (for a caller checking that none outlives :meth:`close`)."""
-        return tuple(self._threads)
+        """Every thread (for a caller checking that none outlives :meth:`close`)."""
+        return (*self._query_threads, *self._read_threads, *self._write_threads)
 
     def close(self, timeout_s: float | None = None) -> list[BackupDone]:
         """Stop the threads, writing every queued backup first; return the unpolled outcomes.
@@ -336,10 +391,16 @@ class StorageIO:
         """
         if not self._closed:
             self._closed = True
-            for q in (self._queries, self._reads, self._writes):
-                q.put(_STOP)
-            for thread in self._threads:
-                thread.join(timeout_s)
+            # Queries first: a query answering now may still hand its fetch to the readers.
+            for q, threads in (
+                (self._queries, self._query_threads),
+                (self._reads, self._read_threads),
+                (self._writes, self._write_threads),
+            ):
+                for _ in threads:
+                    q.put(_STOP)
+                for thread in threads:
+                    thread.join(timeout_s)
         return self.poll()
 
     # -- the threads ------------------------------------------------------------------------------
@@ -350,22 +411,20 @@ class StorageIO:
             if self._closed or item.state is PrefetchState.FINISHED:
                 item.cancel()
                 continue
+            began = time.monotonic()
             try:
                 hits = self.backend.batch_exists(item.keys) // item.keys_per_page
             except Exception:  # a query that fails finds nothing; the thread carries on
                 logger.exception("existence query of %d pages failed", item.pages)
                 hits = 0
-            if item._queried(min(hits, item.pages)):
+            seconds = time.monotonic() - began
+            if self.costs is not None:
+                self.costs.observe_query(seconds)
+            if item._queried(min(hits, item.pages), seconds):
                 self._reads.put(item)
-        self._reads.put(_STOP)
 
     def _read_loop(self) -> None:
-        stops = 0
-        while stops < 2:
-            item = self._reads.get()
-            if item is _STOP:
-                stops += 1  # one from close(), one from the query thread: nothing more comes
-                continue
+        while (item := self._reads.get()) is not _STOP:
             assert isinstance(item, Prefetch)
             self._read(item)
 
@@ -378,6 +437,7 @@ class StorageIO:
                 fetch.cancel()
                 continue
             first, end = batch
+            began = time.monotonic()
             try:
                 got = self.backend.batch_get_v1(
                     fetch.keys[first * kpp : end * kpp],
@@ -387,6 +447,8 @@ class StorageIO:
                 logger.exception("read of %d pages failed", end - first)
                 fetch._fail()
                 return
+            if self.costs is not None:
+                self.costs.observe_read(end - first, time.monotonic() - began)
             ok_keys = next((i for i, ok in enumerate(got) if not ok), len(got))
             fetch._read(ok_keys // kpp, ok_keys == len(got) == (end - first) * kpp)
 

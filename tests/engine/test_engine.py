@@ -183,7 +183,9 @@ def test_background_writes_keep_the_tokens_and_leave_no_thread(
     prompts = conversations(rounds=4, clients=3, seed=13)
     expected = run(Engine(model, None), [list(p) for p in prompts])
     cache = build(64, 48, memory_backend, write_queue=2)
-    assert len(cache.threads) == 3 and all(t.is_alive() for t in cache.threads)
+    config = cache.config
+    assert len(cache.threads) == config.query_threads + config.read_threads + 1
+    assert all(t.is_alive() for t in cache.threads)
     assert run(Engine(model, cache), [list(p) for p in prompts]) == expected
     assert not any(t.is_alive() for t in cache.threads)
     assert {t.ident for t in threading.enumerate()} <= before

@@ -90,7 +90,7 @@ def test_cache_config_takes_policy_names_and_gives_the_enums() -> None:
     assert config.prefetch_policy is PrefetchPolicy.BEST_EFFORT
     default = CacheConfig(4)
     assert default.write_policy is WritePolicy.WRITE_THROUGH
-    assert default.prefetch_policy is PrefetchPolicy.TIMEOUT
+    assert default.prefetch_policy is PrefetchPolicy.ADAPTIVE
     assert default.prefetch_capacity is None
 
 

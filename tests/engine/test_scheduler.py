@@ -381,7 +381,7 @@ def test_close_cancels_waiting_prefetches_and_frees_their_host_slots(model: Llam
     waiting = scheduler.submit(Request(prompt, NEW))
     lookup = waiting.lookup
     assert lookup is not None and lookup.fetch is not None and not lookup.anchor.is_root
-    assert lookup.anchor.host_pins == 1, "the prefetch pins the node it continues"
+    assert lookup.anchor.host_pins == 0, "nothing is pinned before storage says what it holds"
     assert unaccounted() == 0, "no host slot is taken before storage says what it holds"
     deadline = time.monotonic() + 10
     while unaccounted() == 0:  # the query answers; the next poll gives the hit pages slots
@@ -389,6 +389,7 @@ def test_close_cancels_waiting_prefetches_and_frees_their_host_slots(model: Llam
         time.sleep(0.005)
         cache.poll()
     assert unaccounted() == (len(prompt) - 1) // 4 * 4 - 12, "the pages after the anchor"
+    assert lookup.anchor.host_pins == 1, "the prefetch pins the node it continues"
     assert backend.entered.wait(10)  # the read thread is inside the first read
     other = scheduler.submit(Request(distinct_prompts(2, 9, seed=10)[1], NEW))
     deadline = time.monotonic() + 10

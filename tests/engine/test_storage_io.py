@@ -319,11 +319,12 @@ def test_a_full_write_queue_refuses_a_backup_and_counts_it(
     assert not spy.inner.exists("p2")
 
 
-def test_close_writes_every_queued_backup_and_joins_the_three_threads(
+def test_close_writes_every_queued_backup_and_joins_every_thread(
     make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
 ) -> None:
-    io, spy = make_io(write_capacity=4)
-    assert len(io.threads) == 3 and io.alive
+    io, spy = make_io(write_capacity=4, query_threads=2, read_threads=3)
+    assert len(io.threads) == 2 + 3 + 1 and io.alive
+    assert len({t.name for t in io.threads}) == 6, "each thread has its own name"
     spy.gate.clear()
     for i in range(4):
         assert io.backup(Backup([f"q{i}"], slots(i, 1), ticket=i))

@@ -1,0 +1,308 @@
+"""The ``adaptive`` prefetch policy: fetch what reads faster than it computes, wait while it pays.
+
+The decision itself is a pure function of what the engine measured (:class:`CostModel`) and of
+one fetch (:class:`FetchView`); the engine tests hold storage calls at gates, so what is asserted
+is who waited for what, never how long anything took.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import pytest
+import torch
+
+from hicache_storage import StorageBackend, create_backend
+from hicache_storage.engine.cache import TierCache
+from hicache_storage.engine.costs import CostModel
+from hicache_storage.engine.engine import Engine
+from hicache_storage.engine.model import LlamaModel
+from hicache_storage.engine.policies import (
+    FetchView,
+    PrefetchPolicy,
+    adaptive_wait_s,
+    fetch_pays,
+)
+from hicache_storage.engine.radix import Tier
+from hicache_storage.engine.scheduler import Request, RequestState, Scheduler
+from hicache_storage.errors import ConfigError
+from hicache_storage.layers import ForwardingBackend
+
+from ._child import CONFIG, PAGE, build_cache
+
+WAIT_S = 10.0
+
+
+def costs(*, read_s_per_page: float | None, compute_s_per_token: float | None) -> CostModel:
+    model = CostModel(weight=1.0)
+    if read_s_per_page is not None:
+        model.observe_read(10, read_s_per_page * 10)
+    if compute_s_per_token is not None:
+        model.observe_forward(100, compute_s_per_token * 100)
+    return model
+
+
+def view(**fields: object) -> FetchView:
+    base: dict[str, object] = {
+        "queried": True,
+        "finished": False,
+        "target_pages": 10,
+        "read_pages": 0,
+        "elapsed_s": 0.0,
+    }
+    return FetchView(**{**base, **fields})  # type: ignore[arg-type]
+
+
+def decide(fetch: FetchView, model: CostModel, *, block_s: float = 1.0, step_s: float = 0.0):  # type: ignore[no-untyped-def]
+    return adaptive_wait_s(fetch, model, page_size=4, block_s=block_s, next_step_s=step_s)
+
+
+# ---- the cost model ------------------------------------------------------------------------------
+
+
+def test_cost_model_knows_nothing_before_its_first_sample() -> None:
+    model = CostModel()
+    assert model.snapshot() == {
+        "read_s_per_page": None,
+        "query_s": None,
+        "compute_s_per_token": None,
+        "forward_s": None,
+    }
+    assert model.recompute_s(100) is None
+
+
+def test_cost_model_follows_its_samples_with_weighted_means() -> None:
+    model = CostModel(weight=0.5)
+    model.observe_read(4, 0.4)
+    assert model.read_s_per_page == pytest.approx(0.1)
+    model.observe_read(2, 0.6)
+    assert model.read_s_per_page == pytest.approx(0.2)  # halfway from 0.1 to 0.3
+    model.observe_query(0.01)
+    assert model.query_s == pytest.approx(0.01)
+    model.observe_forward(200, 0.2)
+    assert model.compute_s_per_token == pytest.approx(0.001)
+    assert model.recompute_s(50) == pytest.approx(0.05)
+
+
+def test_a_decode_step_times_the_forward_but_does_not_price_prefill() -> None:
+    model = CostModel()
+    model.observe_forward(8, 0.05)
+    assert model.forward_s == pytest.approx(0.05)
+    assert model.compute_s_per_token is None
+    model.observe_read(0, 1.0)  # an empty read says nothing
+    assert model.read_s_per_page is None
+
+
+@pytest.mark.parametrize("weight", [0, -0.1, 1.5, True, "0.5", float("nan")])
+def test_cost_model_refuses_a_weight_outside_zero_one(weight: object) -> None:
+    with pytest.raises(ConfigError, match="weight"):
+        CostModel(weight)  # type: ignore[arg-type]
+
+
+# ---- the decision --------------------------------------------------------------------------------
+
+
+def test_before_any_forward_was_measured_nothing_is_waited_for() -> None:
+    assert decide(view(), costs(read_s_per_page=1e-6, compute_s_per_token=None)) is None
+
+
+def test_a_finished_fetch_is_never_waited_for() -> None:
+    assert decide(view(finished=True), costs(read_s_per_page=0, compute_s_per_token=1)) is None
+
+
+def test_a_fast_store_is_waited_for_as_long_as_its_pages_take() -> None:
+    # 10 pages of 4 tokens: 40 ms to recompute, 1 ms to read.
+    model = costs(read_s_per_page=1e-4, compute_s_per_token=1e-3)
+    assert decide(view(), model) == pytest.approx(1e-3)
+    assert decide(view(read_pages=6), model) == pytest.approx(4e-4)
+
+
+def test_a_slow_store_is_not_waited_for() -> None:
+    model = costs(read_s_per_page=0.1, compute_s_per_token=1e-3)  # a page: 100 ms vs 4 ms
+    assert decide(view(), model) is None
+    assert not fetch_pays(10, 4, 0, model)
+
+
+def test_a_read_in_flight_for_long_prices_an_unmeasured_store() -> None:
+    model = costs(read_s_per_page=None, compute_s_per_token=1e-3)
+    assert decide(view(call_s=0.001, call_pages=10), model) is not None
+    assert decide(view(call_s=0.05, call_pages=10), model) is None  # one call > all of it
+
+
+def test_reads_queued_ahead_count_against_the_fetch() -> None:
+    model = costs(read_s_per_page=1e-3, compute_s_per_token=1e-3)  # 1 ms vs 4 ms a page
+    assert decide(view(), model) is not None
+    assert decide(view(queued_pages=40), model) is None
+    assert fetch_pays(10, 4, 0, model)
+    assert not fetch_pays(10, 4, 40, model)
+
+
+def test_a_wait_longer_than_the_scheduler_blocks_also_costs_the_next_step() -> None:
+    model = costs(read_s_per_page=1e-3, compute_s_per_token=1e-3)  # 10 ms to read, 40 to compute
+    assert decide(view(), model, block_s=0.02, step_s=1.0) == pytest.approx(0.01)  # blocks
+    assert decide(view(), model, block_s=0.0, step_s=0.02) == pytest.approx(0.01)  # next step
+    assert decide(view(), model, block_s=0.0, step_s=0.05) is None  # a step costs more
+
+
+def test_no_request_waits_longer_than_recomputing_all_it_is_after() -> None:
+    model = costs(read_s_per_page=None, compute_s_per_token=1e-3)  # 40 ms for the 10 pages
+    assert decide(view(elapsed_s=0.039), model) is not None
+    assert decide(view(elapsed_s=0.04), model) is None
+    assert decide(view(queried=False, elapsed_s=0.041), model) is None
+
+
+def test_an_unanswered_query_is_priced_by_the_queries_measured() -> None:
+    model = costs(read_s_per_page=1e-4, compute_s_per_token=1e-3)
+    model.observe_query(0.5)  # queries take half a second: longer than computing 10 pages
+    assert decide(view(queried=False), model) is None
+    quick = costs(read_s_per_page=1e-4, compute_s_per_token=1e-3)
+    quick.observe_query(0.002)
+    assert decide(view(queried=False, elapsed_s=0.001), quick) == pytest.approx(0.002)
+
+
+def test_unmeasured_rates_let_a_fetch_start() -> None:
+    assert fetch_pays(10, 4, 0, CostModel())
+    assert fetch_pays(10, 4, 0, costs(read_s_per_page=None, compute_s_per_token=1.0))
+
+
+# ---- in the engine -------------------------------------------------------------------------------
+
+
+class Gated(ForwardingBackend):
+    """Hold ``batch_exists`` or ``batch_get_v1`` calls until their gate opens; count them."""
+
+    def __init__(self, inner: StorageBackend) -> None:
+        super().__init__(inner)
+        self.query_gate = threading.Event()
+        self.read_gate = threading.Event()
+        self.query_gate.set()
+        self.read_gate.set()
+        self.reading = threading.Event()
+        self.reads = 0
+
+    def batch_exists(self, keys: Sequence[str]) -> int:
+        assert self.query_gate.wait(WAIT_S), "the test never opened the query gate"
+        return self.inner.batch_exists(keys)
+
+    def batch_get_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        self.reads += 1
+        self.reading.set()
+        assert self.read_gate.wait(WAIT_S), "the test never opened the read gate"
+        return self.inner.batch_get_v1(keys, host_indices)
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[LlamaModel]:
+    yield LlamaModel(CONFIG)
+
+
+@pytest.fixture
+def stored(model: LlamaModel) -> Iterator[tuple[StorageBackend, list[int], list[int]]]:
+    """A memory store holding a 200-token prompt's pages, the prompt and its oracle output."""
+    memory = create_backend("memory")
+    prompt = [7 + (i * 31) % (CONFIG.vocab_size - 7) for i in range(200)]
+    with Engine(model, build_cache(512, 512, memory)) as engine:
+        expected = engine.generate(prompt, 4)
+    yield memory, prompt, expected
+    memory.close()
+
+
+def adaptive_cache(backend: StorageBackend) -> TierCache:
+    return build_cache(512, 512, backend, prefetch_policy=PrefetchPolicy.ADAPTIVE)
+
+
+def warm(scheduler: Scheduler) -> None:
+    """Serve a prompt sharing nothing with the stored one, so a forward's cost is measured."""
+    request = scheduler.submit(Request([1] * 130, 2))
+    run(scheduler, request)
+    assert scheduler.cache.costs.compute_s_per_token is not None
+
+
+def run(scheduler: Scheduler, request: Request) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while request.state not in (RequestState.FINISHED, RequestState.FAILED):
+        assert time.monotonic() < deadline, "the request never finished"
+        scheduler.step()
+
+
+def unaccounted(cache: TierCache) -> int:
+    """Host slots neither free nor held by the tree: those a prefetch holds."""
+    pool = cache.host_pool
+    assert pool is not None
+    return pool.size - pool.allocator.available_size() - cache.tree.tokens_on(Tier.HOST)
+
+
+def test_a_fast_store_is_used(
+    model: LlamaModel, stored: tuple[StorageBackend, list[int], list[int]]
+) -> None:
+    memory, prompt, expected = stored
+    cache = adaptive_cache(memory)
+    scheduler = Scheduler(model, cache)
+    # The tiny model computes a page faster than Python reads one, so recompute is priced as a
+    # large model's would be: 1 ms a token.
+    cache.costs.observe_forward(1000, 1.0)
+    request = scheduler.submit(Request(prompt, 4))
+    run(scheduler, request)
+    assert request.output == expected
+    assert request.storage_hit == (len(prompt) - 1) // PAGE * PAGE
+    assert cache.costs.read_s_per_page is not None
+    scheduler.close()
+    cache.close()
+
+
+def test_a_slow_store_is_not_waited_for_and_its_cut_fetch_hands_back_its_slots(
+    model: LlamaModel, stored: tuple[StorageBackend, list[int], list[int]]
+) -> None:
+    memory, prompt, expected = stored
+    backend = Gated(memory)
+    cache = adaptive_cache(backend)
+    scheduler = Scheduler(model, cache)
+    cache.costs.observe_forward(1000, 1.0)  # computing priced at 1 ms a token: reading pays
+    backend.read_gate.clear()
+    request = scheduler.submit(Request(prompt, 4))
+    run(scheduler, request)  # finishes while its read is held
+    assert backend.reading.is_set(), "the first read is how the store's speed is learnt"
+    assert request.output == expected
+    assert request.storage_hit == 0 and request.computed == len(prompt)
+    assert unaccounted(cache) > 0, "the read in flight still holds its slots"
+    time.sleep(0.3)  # the store answers late: 10 ms a page, more than computing one
+    backend.read_gate.set()
+    deadline = time.monotonic() + WAIT_S
+    while unaccounted(cache):
+        assert time.monotonic() < deadline, "the cut fetch's host slots never came back"
+        time.sleep(0.005)
+        cache.poll()
+    reads = backend.reads
+    assert cache.costs.read_s_per_page is not None
+    # Now the store is known to be slow: a request it could serve reads nothing at all.
+    again = scheduler.submit(Request([*prompt[:120], 3, 4, 5, 6, 7], 4))
+    run(scheduler, again)
+    assert again.storage_hit == 0 and backend.reads == reads
+    assert unaccounted(cache) == 0
+    scheduler.close()
+    cache.close()
+
+
+def test_a_request_storage_cannot_serve_does_not_wait_for_the_query(
+    model: LlamaModel, stored: tuple[StorageBackend, list[int], list[int]]
+) -> None:
+    memory, _, _ = stored
+    backend = Gated(memory)
+    cache = adaptive_cache(backend)
+    scheduler = Scheduler(model, cache)
+    warm(scheduler)
+    backend.query_gate.clear()
+    fresh = [2 + (i * 17) % (CONFIG.vocab_size - 2) for i in range(160)]
+    request = scheduler.submit(Request(fresh, 3))
+    run(scheduler, request)  # served while its existence query is held
+    assert request.state is RequestState.FINISHED and request.storage_hit == 0
+    assert request.output == model.generate_no_cache(fresh, 3)
+    assert unaccounted(cache) == 0, "no host slot was taken for an unanswered query"
+    backend.query_gate.set()
+    scheduler.close()
+    cache.close()
+    assert not any(t.is_alive() for t in cache.threads)
