@@ -11,11 +11,13 @@ import click
 
 from ..config import read_source
 from ..engine.bench import (
+    PARTS,
     RUNS,
     BenchConfig,
     BenchResult,
     Progress,
     RunResult,
+    Spread,
     plot_ttft_by_round,
     run_bench,
 )
@@ -55,7 +57,7 @@ def render(result: BenchResult, console: Console) -> None:
     from rich.table import Table
 
     config = result.config
-    runs = result.runs
+    runs = [run for run in result.runs if run.repeat == 0]
     tokens = Table(
         title=(
             f"hicache engine bench: {config.workload}, {config.model} on {config.device}, "
@@ -103,6 +105,9 @@ def render(result: BenchResult, console: Console) -> None:
             f"{run.wall_s:.2f}",
         )
     console.print(latency)
+    if result.summary and max(s.repeats for s in result.summary) > 1:
+        _render_repeats(result, console)
+    _render_parts(result, console)
 
     loads = Table(
         title="storage traffic and L2→L1 loads",
@@ -130,12 +135,17 @@ def render(result: BenchResult, console: Console) -> None:
 
     rounds = max(len(run.ttft_by_round_s) for run in runs)
     label = "round" if config.workload == "multiturn" else "query"
-    by_round = Table(title=f"mean TTFT (ms) by {label}")
+    repeats = max((summary.repeats for summary in result.summary), default=1)
+    by_round = Table(
+        title=f"mean TTFT (ms) by {label}" + (f", median of {repeats}" if repeats > 1 else "")
+    )
     by_round.add_column("config", no_wrap=True)
     for i in range(rounds):
         by_round.add_column(str(i), justify="right")
-    for run in runs:
-        by_round.add_row(run.name, *(_ms(t) for t in run.ttft_by_round_s))
+    for summary in result.summary:
+        by_round.add_row(
+            summary.name, *(_ms(None if t is None else t.median) for t in summary.ttft_by_round_s)
+        )
     console.print(by_round)
     exact = result.model.get("dtype") == "float32"
     for run in runs:
@@ -152,6 +162,69 @@ def render(result: BenchResult, console: Console) -> None:
                 "include pages of an earlier run",
                 highlight=False,
             )
+
+
+def _spread(spread: Spread | None, scale: float = 1e3, digits: int = 1) -> str:
+    if spread is None:
+        return "-"
+    return (
+        f"{spread.median * scale:,.{digits}f} "
+        f"[dim]({spread.low * scale:,.{digits}f}-{spread.high * scale:,.{digits}f})[/]"
+    )
+
+
+def _render_repeats(result: BenchResult, console: Console) -> None:
+    """Print each configuration's median and range over the repeats."""
+    from rich.table import Table
+
+    table = Table(
+        title=f"over {max(s.repeats for s in result.summary)} repeats: median (range)",
+        caption="TTFT in ms; all tok/s with prompts",
+    )
+    table.add_column("config", no_wrap=True)
+    for column in ("TTFT mean", "TTFT p90", "all tok/s", "TTFT/bound"):
+        table.add_column(column, justify="right")
+    for summary in result.summary:
+        table.add_row(
+            summary.name,
+            _spread(summary.ttft_mean_s),
+            _spread(summary.ttft_p90_s),
+            _spread(summary.total_tokens_per_s, 1.0, 0),
+            _spread(summary.ttft_over_bound, 1.0, 2),
+        )
+    console.print(table)
+
+
+def _render_parts(result: BenchResult, console: Console) -> None:
+    """Print where each configuration's mean time to first token went, beside its bound."""
+    from rich.table import Table
+
+    rates = result.rates
+    caption = "mean ms per request; bound: its L3 bytes at the raw parallel read rate"
+    if rates is not None:
+        read = "-" if rates.raw_read_gbps is None else f"{rates.raw_read_gbps:.1f}"
+        per_token = rates.compute_s_per_token
+        caption += (
+            f" ({read} GB/s) + its cached bytes host-to-device ({rates.host_to_device_gbps:.1f}"
+            f" GB/s) + its suffix at {'-' if per_token is None else f'{per_token * 1e6:.1f}'}"
+            " µs a token"
+        )
+    table = Table(title="where the time to first token went", caption=caption)
+    table.add_column("config", no_wrap=True)
+    for column in ("L3 query", "L3 read", "queue", "L2→L1", "compute", "TTFT", "bound", "ratio"):
+        table.add_column(column, justify="right")
+    summaries = result.summary
+    for summary in summaries:
+        first = result.run(summary.name)
+        parts = summary.parts_mean_s
+        table.add_row(
+            summary.name,
+            *(_ms(parts.get(part, 0.0)) for part in PARTS),
+            _ms(summary.ttft_mean_s.median),
+            _ms(first.bound_mean_s),
+            "-" if summary.ttft_over_bound is None else f"{summary.ttft_over_bound.median:.2f}",
+        )
+    console.print(table)
 
 
 @contextlib.contextmanager
@@ -197,7 +270,21 @@ def engine_group() -> None:
 @click.option(
     "--config", metavar="JSON|@FILE", help="The backend's options as JSON, or @path to a JSON file."
 )
-@click.option("--model", type=click.Choice(["tiny", "8b"]), default="tiny", show_default=True)
+@click.option(
+    "--model",
+    default="tiny",
+    show_default=True,
+    metavar="NAME|CONFIG.JSON",
+    help="tiny (CPU), 8b (Llama-3-8B shape), 70b-layers (20 Llama-3-70B layers), or a Hugging "
+    "Face config.json (Llama, Mistral, Qwen2, Qwen3: its shape, seeded random weights).",
+)
+@click.option(
+    "--repeat",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Serve every configuration N times in turn; tables show the median and range.",
+)
 @click.option(
     "--workload",
     type=click.Choice(["multiturn", "documents"]),
@@ -237,7 +324,7 @@ def engine_group() -> None:
 @click.option(
     "--prefetch-policy",
     type=click.Choice([p.value for p in PrefetchPolicy]),
-    default=PrefetchPolicy.TIMEOUT.value,
+    default=PrefetchPolicy.ADAPTIVE.value,
     show_default=True,
 )
 @click.option(
@@ -290,10 +377,10 @@ def bench_command(
     """
     from rich.console import Console
 
-    if model == "8b" and sizes["device"] == "cpu" and not force:
+    if model != "tiny" and sizes["device"] == "cpu" and not force:
         raise click.UsageError(
-            "--model 8b is Llama-3-8B in bfloat16, for a GPU (--device cuda); on a CPU one "
-            "request takes minutes. Pass --force to run it anyway."
+            f"--model {model} is a full-size model in bfloat16, for a GPU (--device cuda); on "
+            "a CPU one request takes minutes. Pass --force to run it anyway."
         )
     if plot_path is not None:
         try:

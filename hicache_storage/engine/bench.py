@@ -53,12 +53,16 @@ from .scheduler import Request
 from .workloads import Conversation, DocumentQueries, MultiTurn, Turn
 
 __all__ = [
+    "PARTS",
     "RUNS",
     "BenchConfig",
     "BenchResult",
+    "MachineRates",
     "Progress",
     "RequestRecord",
     "RunResult",
+    "RunSummary",
+    "Spread",
     "plot_ttft_by_round",
     "run_bench",
 ]
@@ -77,7 +81,9 @@ RUNS: tuple[tuple[str, str], ...] = (
 _MODELS: dict[str, Callable[[], ModelConfig]] = {
     "tiny": ModelConfig.tiny,
     "8b": ModelConfig.llama3_8b,
+    "70b-layers": ModelConfig.llama3_70b_layers,
 }
+"""Named shapes; ``--model`` also takes a Hugging Face ``config.json`` (its shape, 8b's sizes)."""
 
 _WARM_COUNTS = 64
 """Page counts up to which every count of a copy is compiled ahead (see ``_warm_transfer``)."""
@@ -134,7 +140,10 @@ class BenchConfig:
         The storage backend of ``L1+L2+L3`` and its options (see
         :func:`~hicache_storage.create_backend`); it is built with the default layers.
     model
-        ``tiny`` (a CPU-sized float32 model) or ``8b`` (Llama-3-8B's shape in bfloat16).
+        ``tiny`` (a CPU-sized float32 model), ``8b`` (Llama-3-8B's shape in bfloat16),
+        ``70b-layers`` (20 layers of Llama-3-70B's shape: its compute per KV byte on one GPU), or
+        the path of a Hugging Face ``config.json`` (Llama, Mistral, Qwen2, Qwen3; the shape with
+        seeded random weights), so a user measures their own model's compute per KV byte.
     workload
         ``multiturn`` (:class:`~hicache_storage.engine.workloads.MultiTurn`) or ``documents``
         (:class:`~hicache_storage.engine.workloads.DocumentQueries`).
@@ -168,6 +177,9 @@ class BenchConfig:
         a recomputed one differ in rounding, which can change greedy tokens of random weights.
     seed
         Seed of the workload (the model's weights are always seeded 0).
+    repeat
+        Times every configuration is served (in turn, so drift spreads over all of them); the
+        tables give the median and the spread.
     """
 
     backend: str = "memory"
@@ -194,10 +206,11 @@ class BenchConfig:
     device: str = "cpu"
     dtype: str | None = None
     seed: int = 0
+    repeat: int = 1
 
     def __post_init__(self) -> None:
         if self.model not in _MODELS:
-            raise ConfigError(f"model must be one of {sorted(_MODELS)}, got {self.model!r}")
+            _read_hf_config(self.model)
         if self.workload not in ("multiturn", "documents"):
             raise ConfigError(f"workload must be multiturn or documents, got {self.workload!r}")
         for name in (
@@ -212,6 +225,7 @@ class BenchConfig:
             "page_size",
             "chunk_tokens",
             "max_running",
+            "repeat",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -258,13 +272,17 @@ class BenchConfig:
         ConfigError
             If ``model`` is unknown or a field is invalid.
         """
-        if model not in _MODEL_DEFAULTS:
-            raise ConfigError(f"model must be one of {sorted(_MODEL_DEFAULTS)}, got {model!r}")
-        return cls(model=model, **{**_MODEL_DEFAULTS[model], **overrides})
+        if model not in _MODELS:
+            _read_hf_config(model)
+        defaults = _MODEL_DEFAULTS["tiny" if model == "tiny" else "8b"]
+        return cls(model=model, **{**defaults, **overrides})
 
     def model_config(self) -> ModelConfig:
         """Return the model's shape (in ``dtype`` when set)."""
-        shape = _MODELS[self.model]()
+        named = _MODELS.get(self.model)
+        shape = (
+            ModelConfig.from_hf_config(_read_hf_config(self.model)) if named is None else named()
+        )
         if self.dtype is None:
             return shape
         return dataclasses.replace(shape, dtype=_DTYPES[self.dtype])
@@ -311,9 +329,33 @@ class BenchConfig:
         return turns
 
 
+def _read_hf_config(path: str) -> dict[str, Any]:
+    """Return a ``config.json``'s fields, or refuse a model that is neither named nor a file."""
+    try:
+        with open(path, "rb") as source:
+            data = msgspec.json.decode(source.read())
+    except FileNotFoundError:
+        raise ConfigError(
+            f"model must be one of {sorted(_MODELS)} or a config.json path, got {path!r}"
+        ) from None
+    except (OSError, msgspec.DecodeError) as exc:
+        raise ConfigError(f"model config {path!r} cannot be read: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"model config {path!r} is not a JSON object")
+    ModelConfig.from_hf_config(data)
+    return data
+
+
 @dataclass
 class RequestRecord:
-    """One served turn: who, when (seconds from the start), what the cache gave, its output."""
+    """One served turn: who, when (seconds from the start), what the cache gave, its output.
+
+    The ``*_s`` parts say where the time to its first token went (see
+    :attr:`Request.timings <hicache_storage.engine.scheduler.Request.timings>`); ``bound_s`` is
+    the least that time could be on this machine: its storage bytes at the raw parallel read
+    rate, its cached bytes over the host-to-device link, and its suffix at the measured
+    compute rate (:class:`MachineRates`).
+    """
 
     client: int
     round: int
@@ -325,6 +367,50 @@ class RequestRecord:
     host_hit: int
     storage_hit: int
     output: list[int]
+    storage_query_s: float = 0.0
+    storage_read_s: float = 0.0
+    queue_s: float = 0.0
+    load_s: float = 0.0
+    compute_s: float = 0.0
+    bound_s: float | None = None
+
+
+PARTS = ("storage_query", "storage_read", "queue", "load", "compute")
+"""Where a request's time to first token goes, in order."""
+
+
+@dataclass
+class MachineRates:
+    """What this machine does at best, measured before the runs; the per-request bound's terms.
+
+    Attributes
+    ----------
+    raw_read_gbps
+        The backend's raw baseline reading the model's pages (page_size tokens of KV each) with
+        its own parallelism (GB/s); None when the backend has no baseline.
+    host_to_device_gbps
+        One contiguous copy of those bytes from pinned host memory to the device (on a CPU,
+        a plain copy).
+    compute_s_per_token
+        Prefill seconds per token of the no-cache configuration (its forwards' mean).
+    """
+
+    raw_read_gbps: float | None
+    host_to_device_gbps: float
+    compute_s_per_token: float | None = None
+
+    def bound_s(self, record: RequestRecord, token_bytes: int) -> float | None:
+        """Return the least time to ``record``'s first token, or None if a rate is missing."""
+        if self.compute_s_per_token is None:
+            return None
+        storage = record.storage_hit * token_bytes
+        if storage and self.raw_read_gbps is None:
+            return None
+        read = storage / (self.raw_read_gbps * 1e9) if storage and self.raw_read_gbps else 0.0
+        cached = (record.host_hit + record.storage_hit) * token_bytes
+        link = cached / (self.host_to_device_gbps * 1e9)
+        computed = record.prompt_tokens - record.device_hit - record.host_hit - record.storage_hit
+        return read + link + computed * self.compute_s_per_token
 
 
 @dataclass
@@ -335,6 +421,10 @@ class RunResult:
     ``matching_outputs`` and ``matching_first_tokens`` count the requests whose whole output,
     or first token, does. Token counts are prompt tokens: ``computed_tokens`` were prefilled,
     the hits were reused.
+    ``repeat`` numbers the run among the configuration's repeats; ``costs`` are the engine's
+    measured rates at the end (:class:`~hicache_storage.engine.costs.CostModel`);
+    ``parts_mean_s`` is the mean of each part of the time to first token (:data:`PARTS`),
+    ``bound_mean_s`` the mean per-request bound and ``ttft_over_bound`` mean TTFT over it.
     Times are seconds; ``ttft_by_round_s[i]`` is the mean TTFT of round ``i``. The exposed load
     time is what the forward waited for L2→L1 loads (all of it on a CPU); per layer it is over
     every layer of every load, and the fraction is exposed over total load time (None without
@@ -372,6 +462,11 @@ class RunResult:
     storage_cleared: bool | None
     cache: dict[str, int | float]
     records: list[RequestRecord] = field(repr=False)
+    repeat: int = 0
+    costs: dict[str, float | None] = field(default_factory=dict)
+    parts_mean_s: dict[str, float] = field(default_factory=dict)
+    bound_mean_s: float | None = None
+    ttft_over_bound: float | None = None
 
     @property
     def hit_tokens(self) -> int:
@@ -380,8 +475,40 @@ class RunResult:
 
 
 @dataclass
+class Spread:
+    """The median and the range of one figure over a configuration's repeats."""
+
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        """Return the spread of ``values`` (at least one)."""
+        return cls(float(np.median(values)), float(min(values)), float(max(values)))
+
+
+@dataclass
+class RunSummary:
+    """One configuration over its repeats: median and range of TTFT, by round, throughput."""
+
+    name: str
+    repeats: int
+    ttft_mean_s: Spread
+    ttft_p90_s: Spread
+    total_tokens_per_s: Spread
+    ttft_by_round_s: list[Spread | None]
+    ttft_over_bound: Spread | None
+    parts_mean_s: dict[str, float]
+
+
+@dataclass
 class BenchResult:
-    """A benchmark's configuration, model, machine and the four configurations' results."""
+    """A benchmark's configuration, model, machine and every configuration's results.
+
+    ``runs`` holds every repeat (``RunResult.repeat``); :meth:`run` gives the first repeat of a
+    configuration and ``summary`` each configuration's median and spread over its repeats.
+    """
 
     config: BenchConfig
     model: dict[str, Any]
@@ -389,12 +516,21 @@ class BenchResult:
     device_pool_bytes: int
     host_pool_bytes: int
     runs: list[RunResult]
+    rates: MachineRates | None = None
+    summary: list[RunSummary] = field(default_factory=list)
 
     def run(self, name: str) -> RunResult:
-        """Return the result of configuration ``name`` (one of :data:`RUNS`)."""
+        """Return the (first) result of configuration ``name`` (one of :data:`RUNS`)."""
         for result in self.runs:
             if result.name == name:
                 return result
+        raise KeyError(name)
+
+    def summary_of(self, name: str) -> RunSummary:
+        """Return configuration ``name``'s summary over its repeats."""
+        for summary in self.summary:
+            if summary.name == name:
+                return summary
         raise KeyError(name)
 
     def to_json(self, *, indent: int = 0) -> bytes:
@@ -448,23 +584,30 @@ def run_bench(
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {config.device!r} asked for, but torch sees no CUDA device")
     model = LlamaModel(shape, device)
-    model.generate_no_cache(list(turns[0].new_tokens[: config.page_size]), 2)  # warm up kernels
+    _warm_model(model, config)
+    rates = _measure_rates(config, shape, device)
     results: list[RunResult] = []
     reference: dict[tuple[int, int], list[int]] | None = None
-    for name, description in RUNS:
-        if name not in wanted:
-            continue
-        result = _serve(config, name, description, model, turns, progress)
-        outputs = {(r.client, r.round): r.output for r in result.records}
-        if reference is None:
-            reference = outputs
-        result.identical = outputs == reference
-        result.matching_outputs = sum(reference.get(key) == out for key, out in outputs.items())
-        result.matching_first_tokens = sum(
-            key in reference and reference[key][:1] == out[:1] for key, out in outputs.items()
-        )
-        results.append(result)
+    for repeat in range(config.repeat):
+        for name, description in RUNS:
+            if name not in wanted:
+                continue
+            result = _serve(config, name, description, model, turns, progress)
+            result.repeat = repeat
+            outputs = {(r.client, r.round): r.output for r in result.records}
+            if reference is None:
+                reference = outputs
+            result.identical = outputs == reference
+            result.matching_outputs = sum(reference.get(key) == out for key, out in outputs.items())
+            result.matching_first_tokens = sum(
+                key in reference and reference[key][:1] == out[:1] for key, out in outputs.items()
+            )
+            if name == "no-cache" and rates.compute_s_per_token is None:
+                rates.compute_s_per_token = result.costs.get("compute_s_per_token")
+            results.append(result)
     token_bytes = shape.kv_bytes_per_token
+    for result in results:
+        _bound(result, rates, token_bytes)
     return BenchResult(
         config=config,
         model=_describe_model(config.model, shape),
@@ -472,7 +615,115 @@ def run_bench(
         device_pool_bytes=config.device_tokens * token_bytes,
         host_pool_bytes=config.host_tokens * token_bytes,
         runs=results,
+        rates=rates,
+        summary=_summaries(results),
     )
+
+
+def _warm_model(model: LlamaModel, config: BenchConfig) -> None:
+    """Run the largest forward the runs will make before any clock starts.
+
+    Compiles kernels and grows the allocator to its working size, so that the first
+    configuration does not pay for either.
+    """
+    tokens = max(min(config.chunk_tokens, config.device_tokens) - 1, 1)
+    model.generate_no_cache([1] * tokens, 2)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+
+
+_RATE_PAGES = 16
+"""Pages each machine rate is measured over."""
+
+
+def _measure_rates(config: BenchConfig, shape: ModelConfig, device: torch.device) -> MachineRates:
+    """Measure the raw parallel read rate of the model's pages and the host-to-device rate."""
+    page_bytes = config.page_size * shape.kv_bytes_per_token
+    total = page_bytes * _RATE_PAGES
+    source = torch.empty(total, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    source.random_(0, 256)
+    target = torch.empty(total, dtype=torch.uint8, device=device)
+    best = float("inf")
+    for _ in range(3):
+        began = time.perf_counter()
+        target.copy_(source, non_blocking=device.type == "cuda")
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - began)
+    del target
+    return MachineRates(_raw_read_gbps(config, source, page_bytes), total / best / 1e9)
+
+
+def _raw_read_gbps(config: BenchConfig, source: torch.Tensor, page_bytes: int) -> float | None:
+    """Read ``_RATE_PAGES`` pages through the backend's raw baseline; best of three, GB/s."""
+    from hicache_storage.config import Deployment, convert
+    from hicache_storage.registry import get_spec
+
+    spec = get_spec(config.backend)
+    baseline_type = spec.load_baseline()
+    if baseline_type is None:
+        return None
+    options = convert(
+        dict(config.backend_config or {}), spec.load_config_type(), f"{config.backend} options"
+    )
+    baseline = baseline_type(options, Deployment())
+    names = [f"hicache-engine-rate-{i}" for i in range(_RATE_PAGES)]
+    data = memoryview(source.numpy())
+    values = [data[i * page_bytes : (i + 1) * page_bytes] for i in range(_RATE_PAGES)]
+    outs = [memoryview(bytearray(page_bytes)) for _ in range(_RATE_PAGES)]
+    try:
+        baseline.batch_write(names, values)
+        best = float("inf")
+        for _ in range(3):
+            began = time.perf_counter()
+            baseline.batch_read(names, outs)
+            best = min(best, time.perf_counter() - began)
+    finally:
+        baseline.close()
+    return page_bytes * _RATE_PAGES / best / 1e9
+
+
+def _bound(result: RunResult, rates: MachineRates, token_bytes: int) -> None:
+    """Fill in each record's bound and the run's mean bound and TTFT over bound."""
+    bounds = []
+    for record in result.records:
+        record.bound_s = rates.bound_s(record, token_bytes)
+        if record.bound_s is not None:
+            bounds.append(record.bound_s)
+    if bounds and len(bounds) == len(result.records):
+        result.bound_mean_s = float(np.mean(bounds))
+        if result.bound_mean_s > 0:
+            result.ttft_over_bound = result.ttft_mean_s / result.bound_mean_s
+
+
+def _summaries(results: Sequence[RunResult]) -> list[RunSummary]:
+    """Return each configuration's median and range over its repeats, in run order."""
+    names = list(dict.fromkeys(result.name for result in results))
+    out = []
+    for name in names:
+        runs = [r for r in results if r.name == name]
+        rounds = max(len(r.ttft_by_round_s) for r in runs)
+        by_round: list[Spread | None] = []
+        for i in range(rounds):
+            values = [t for r in runs if i < len(r.ttft_by_round_s) and (t := r.ttft_by_round_s[i])]
+            by_round.append(Spread.of(values) if values else None)
+        ratios = [r.ttft_over_bound for r in runs if r.ttft_over_bound is not None]
+        out.append(
+            RunSummary(
+                name=name,
+                repeats=len(runs),
+                ttft_mean_s=Spread.of([r.ttft_mean_s for r in runs]),
+                ttft_p90_s=Spread.of([r.ttft_p90_s for r in runs]),
+                total_tokens_per_s=Spread.of([r.total_tokens_per_s for r in runs]),
+                ttft_by_round_s=by_round,
+                ttft_over_bound=Spread.of(ratios) if len(ratios) == len(runs) else None,
+                parts_mean_s={
+                    part: float(np.median([r.parts_mean_s.get(part, 0.0) for r in runs]))
+                    for part in PARTS
+                },
+            )
+        )
+    return out
 
 
 def _check_fits(config: BenchConfig, turns: Sequence[Turn]) -> None:
@@ -548,13 +799,16 @@ def _serve(
                 progress(name, 0, len(turns))
             start, records, end = _drive(engine, config, turns, name, progress)
             forwards = engine.scheduler.forwards
+            costs = cache.costs.snapshot()
         # Closed: queued backups are written, so the storage stats are final.
         if torch.device(config.device).type == "cuda":
             torch.cuda.synchronize(config.device)
     finally:
         if backend is not None:
             backend.close()
-    return _summarise(name, description, records, end - start, forwards, cache, cleared)
+    result = _summarise(name, description, records, end - start, forwards, cache, cleared)
+    result.costs = costs
+    return result
 
 
 def _warm_transfer(cache: TierCache) -> None:
@@ -638,6 +892,7 @@ def _drive(
             busy.discard(done.client)
             freed_at[done.client] = request.finished_at
             end = max(end, request.finished_at)
+            parts = request.timings or {}
             records.append(
                 RequestRecord(
                     client=done.client,
@@ -650,6 +905,7 @@ def _drive(
                     host_hit=request.host_hit,
                     storage_hit=request.storage_hit,
                     output=list(request.output),
+                    **{f"{part}_s": parts.get(part, 0.0) for part in PARTS},
                 )
             )
             if progress is not None:
@@ -726,6 +982,10 @@ def _summarise(
         storage_cleared=cleared,
         cache=dataclasses.asdict(stats),
         records=records,
+        parts_mean_s={
+            part: float(np.mean([getattr(r, f"{part}_s") for r in records])) if records else 0.0
+            for part in PARTS
+        },
     )
 
 
@@ -757,7 +1017,11 @@ def _environment(device: torch.device) -> dict[str, Any]:
 
 
 def plot_ttft_by_round(result: BenchResult, path: str | Path, *, log_y: bool = False) -> None:
-    """Write a PNG of each configuration's mean TTFT per round to ``path``.
+    """Write a PNG of mean TTFT per round (median, range over repeats) and where time went.
+
+    The left panel draws each configuration's mean TTFT by round, as the median over the
+    repeats with their range as error bars; the right one stacks each configuration's mean
+    time to first token by part (:data:`PARTS`) beside its mean per-request bound.
 
     Raises
     ------
@@ -771,20 +1035,56 @@ def plot_ttft_by_round(result: BenchResult, path: str | Path, *, log_y: bool = F
         raise MissingDependencyError(
             "the TTFT plot needs matplotlib: pip install 'hicache-storage[engine-bench]'"
         ) from exc
-    figure = Figure(figsize=(7, 4.2), layout="constrained")
-    axes = figure.add_subplot()
-    for run in result.runs:
-        points = [(i, t * 1e3) for i, t in enumerate(run.ttft_by_round_s) if t is not None]
-        axes.plot([i for i, _ in points], [ms for _, ms in points], marker="o", label=run.name)
+    summaries = result.summary or _summaries(result.runs)
+    figure = Figure(figsize=(12, 4.4), layout="constrained")
+    rounds, parts = figure.subplots(1, 2, width_ratios=(3, 2))
+    for summary in summaries:
+        points = [(i, t) for i, t in enumerate(summary.ttft_by_round_s) if t is not None]
+        medians = [t.median * 1e3 for _, t in points]
+        below = [(t.median - t.low) * 1e3 for _, t in points]
+        above = [(t.high - t.median) * 1e3 for _, t in points]
+        rounds.errorbar(
+            [i for i, _ in points],
+            medians,
+            yerr=[below, above],
+            marker="o",
+            capsize=3,
+            label=summary.name,
+        )
     config = result.config
-    axes.set_xlabel("round" if config.workload == "multiturn" else "query of each document")
-    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes.set_ylabel("mean TTFT (ms)")
+    rounds.set_xlabel("round" if config.workload == "multiturn" else "query of each document")
+    rounds.xaxis.set_major_locator(MaxNLocator(integer=True))
+    rounds.set_ylabel("mean TTFT (ms)")
     if log_y:
-        axes.set_yscale("log")
-    axes.set_title(
-        f"{config.workload}, model {config.model} on {config.device}, backend {config.backend}"
+        rounds.set_yscale("log")
+    repeats = max((summary.repeats for summary in summaries), default=1)
+    rounds.set_title(
+        f"{config.workload}, {config.model} on {config.device}, L3 {config.backend}"
+        + (f" (median of {repeats}, range)" if repeats > 1 else "")
     )
-    axes.grid(True, alpha=0.3)
-    axes.legend()
+    rounds.grid(True, alpha=0.3)
+    rounds.legend()
+    names = [summary.name for summary in summaries]
+    left = np.zeros(len(names))
+    for part in PARTS:
+        widths = np.array([summary.parts_mean_s.get(part, 0.0) * 1e3 for summary in summaries])
+        parts.barh(names, widths, left=left, label=part.replace("_", " "))
+        left += widths
+    bounds = [result.run(name).bound_mean_s for name in names]
+    marks = [(i, b * 1e3) for i, b in enumerate(bounds) if b is not None]
+    if marks:
+        parts.scatter(
+            [ms for _, ms in marks],
+            [i for i, _ in marks],
+            marker="|",
+            s=400,
+            c="black",
+            label="bound",
+            zorder=3,
+        )
+    parts.invert_yaxis()
+    parts.set_xlabel("mean time to first token (ms)")
+    parts.set_title("where each request's time went")
+    parts.legend(fontsize="small")
+    parts.grid(True, axis="x", alpha=0.3)
     figure.savefig(str(path), dpi=120)

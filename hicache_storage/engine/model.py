@@ -24,7 +24,7 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -155,6 +155,73 @@ class ModelConfig:
             rms_eps=1e-5,
             dtype=torch.bfloat16,
         )
+        return dataclasses.replace(base, **overrides)
+
+    @classmethod
+    def llama3_70b_layers(cls, layers: int = 20, **overrides: Any) -> ModelConfig:
+        """Return ``layers`` layers of the Llama-3-70B shape in bfloat16 (80 in the real model).
+
+        Twenty layers (17 B parameters, 34 GB of weights) fit one large GPU with room for KV;
+        each token costs a 70B model's compute per layer and 80 KiB of KV.
+        """
+        base = cls(
+            vocab_size=128256,
+            hidden=8192,
+            layers=layers,
+            heads=64,
+            kv_heads=8,
+            head_dim=128,
+            intermediate=28672,
+            rope_theta=500000.0,
+            rms_eps=1e-5,
+            dtype=torch.bfloat16,
+        )
+        return dataclasses.replace(base, **overrides)
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any], **overrides: Any) -> ModelConfig:
+        """Return the shape of a Hugging Face ``config.json`` (Llama, Mistral, Qwen2, Qwen3).
+
+        Only the shape is taken (the weights stay seeded random): vocabulary, hidden width,
+        layers, attention and KV heads, head dim (``head_dim``, else hidden / heads), MLP width,
+        RoPE base, RMSNorm epsilon and ``torch_dtype`` (bfloat16 when absent).
+
+        Raises
+        ------
+        ConfigError
+            If the architecture is not of those families or a field is missing or invalid.
+        """
+        families = ("llama", "mistral", "qwen2", "qwen3")
+        kind = str(config.get("model_type", "")).lower()
+        if kind not in families:
+            raise ConfigError(
+                f"config.json model_type {config.get('model_type')!r} is not one of {families} "
+                "(dense decoders with grouped-query attention)"
+            )
+        try:
+            hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+            dtype_name = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+            dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(
+                dtype_name, torch.float32 if dtype_name == "float32" else None
+            )
+            if dtype is None:
+                raise ConfigError(f"config.json torch_dtype {dtype_name!r} is not a float dtype")
+            base = cls(
+                vocab_size=int(config["vocab_size"]),
+                hidden=hidden,
+                layers=int(config["num_hidden_layers"]),
+                heads=heads,
+                kv_heads=int(config.get("num_key_value_heads") or heads),
+                head_dim=int(config.get("head_dim") or hidden // heads),
+                intermediate=int(config["intermediate_size"]),
+                rope_theta=float(config.get("rope_theta", 10000.0)),
+                rms_eps=float(config.get("rms_norm_eps", 1e-5)),
+                dtype=dtype,
+            )
+        except KeyError as exc:
+            raise ConfigError(f"config.json of a {kind} model lacks {exc.args[0]!r}") from None
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"config.json has an invalid field: {exc}") from None
         return dataclasses.replace(base, **overrides)
 
     @property

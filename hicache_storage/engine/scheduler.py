@@ -104,6 +104,8 @@ class Request:
     lease: Lease | None = field(default=None, repr=False)
     computed: int = 0
     error: RequestFailedError | None = None
+    submitted_at: float | None = None
+    """When :meth:`Scheduler.submit` took it (its storage query starts then)."""
     ready_at: float | None = None
     """When the prefetch policy first let the request go (from then on it waited for room)."""
     query_s: float | None = None
@@ -117,19 +119,21 @@ class Request:
 
         ``storage_query`` and ``storage_read`` are the waits for storage before the prefetch
         policy let the request go (the query counts only as long as the request waited);
-        ``queue`` the wait for room or a batch slot after that; ``load`` the L2→L1 copy time
+        ``queue`` the rest of the wait before admission (for the scheduler's turn, room or a
+        batch slot); ``load`` the L2→L1 copy time
         the forward waited for; ``compute`` the rest, up to the first token.
         """
         if self.first_token_at is None or self.admitted_at is None:
             return None
         ready = self.admitted_at if self.ready_at is None else self.ready_at
-        storage = max(ready - self.arrival, 0.0)
+        asked = self.arrival if self.submitted_at is None else max(self.submitted_at, self.arrival)
+        storage = max(ready - asked, 0.0) if self.query_s is not None else 0.0
         query = min(self.query_s or 0.0, storage)
         load = min(self.load_s, self.first_token_at - self.admitted_at)
         return {
             "storage_query": query,
             "storage_read": storage - query,
-            "queue": max(self.admitted_at - ready, 0.0),
+            "queue": max(self.admitted_at - self.arrival - storage, 0.0),
             "load": load,
             "compute": max(self.first_token_at - self.admitted_at - load, 0.0),
         }
@@ -343,7 +347,8 @@ class Scheduler:
             If the request can never be served (:func:`validate_request`); nothing was taken.
         """
         self.validate(request)
-        request.arrival = self.clock() if arrival is None else arrival
+        request.submitted_at = self.clock()
+        request.arrival = request.submitted_at if arrival is None else arrival
         request.lookup = self.cache.lookup(request.prompt, seed=request.seed)
         self.waiting.append(request)
         return request

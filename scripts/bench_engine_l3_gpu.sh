@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Where the storage tier has to serve, on a GPU: the figures of docs/performance.md
+# ("The storage tier on an H200").
+#
+#   bash scripts/bench_engine_l3_gpu.sh OUTDIR [STEP...]
+#
+# Steps (default all), each one `hicache engine bench` written to OUTDIR/STEP.json:
+#   overflow          24 documents x 8,192 tokens, 3 queries each; the KV is 2.4x the host pool
+#   overflow-timeout  the same under SGLang's `timeout` prefetch (L1+L2+L3 only)
+#   overflow-3fs      the same with L3 = the 3fs backend on local disk (L1+L2+L3 only)
+#   notax             24 clients x 6 rounds whose histories the 8 GiB host pool holds
+#   notax-timeout     the same under `timeout` (L1+L2+L3 only)
+#   multiturn         12 clients x 5 rounds of 1-2k-token turns
+#   outgrow           16 clients x 6 rounds whose histories outgrow the host pool
+#   overflow-70b      16 documents x 3 queries on 20 layers of the Llama-3-70B shape
+# Needs the package installed and one CUDA GPU; the stores live under a temporary directory
+# removed after each step (the GPU host's disk holds 64 GiB).
+set -euo pipefail
+out=${1:?usage: bench_engine_l3_gpu.sh OUTDIR [STEP...]}
+shift
+steps=${*:-overflow overflow-timeout overflow-3fs notax notax-timeout multiturn outgrow overflow-70b}
+mkdir -p "$out"
+l3=$(mktemp -d /tmp/hicache-l3.XXXX)
+trap 'rm -rf "$l3"' EXIT
+
+common=(--device cuda --page-size 64 --chunk-tokens 8192 --max-new-tokens 4 --concurrency 4
+        --write-policy write_through)
+documents=(--workload documents --rounds 3 --document-tokens 8192 --question-tokens 64
+           --device-tokens 36864)
+file() { echo "{\"root\": \"$l3/$1\"}"; }
+threefs() {  # 8 MiB slots: one page of the 8B shape (64 tokens x 128 KiB)
+  echo "{\"path\": \"$l3/$1\", \"slot_bytes\": 8388608, \"file_size\": 8589934592, \"file_count\": 4}"
+}
+
+bench() {
+  local step=$1
+  shift
+  echo "== $step: hicache engine bench $*"
+  hicache engine bench "$@" --json "$out/$step.json"
+  rm -rf "${l3:?}"/*
+}
+
+for step in $steps; do
+  case $step in
+    overflow)
+      bench "$step" --model 8b "${common[@]}" "${documents[@]}" --clients 24 --host-tokens 81920 \
+        --backend file --config "$(file "$step")" ;;
+    overflow-timeout)
+      bench "$step" --model 8b "${common[@]}" "${documents[@]}" --clients 24 --host-tokens 81920 \
+        --backend file --config "$(file "$step")" --prefetch-policy timeout --runs L1+L2+L3 ;;
+    overflow-3fs)
+      bench "$step" --model 8b "${common[@]}" "${documents[@]}" --clients 24 --host-tokens 81920 \
+        --backend 3fs --config "$(threefs "$step")" --runs L1+L2+L3 ;;
+    notax)
+      bench "$step" --model 8b "${common[@]}" --workload multiturn --clients 24 --rounds 6 \
+        --system-tokens 256 --turn-tokens 256,512 --device-tokens 16384 --host-tokens 65536 \
+        --backend file --config "$(file "$step")" ;;
+    notax-timeout)
+      bench "$step" --model 8b "${common[@]}" --workload multiturn --clients 24 --rounds 6 \
+        --system-tokens 256 --turn-tokens 256,512 --device-tokens 16384 --host-tokens 65536 \
+        --backend file --config "$(file "$step")" --prefetch-policy timeout --runs L1+L2+L3 ;;
+    multiturn)
+      bench "$step" --model 8b "${common[@]}" --workload multiturn --clients 12 --rounds 5 \
+        --system-tokens 256 --turn-tokens 1024,2048 --device-tokens 40960 --host-tokens 65536 \
+        --backend file --config "$(file "$step")" ;;
+    outgrow)
+      bench "$step" --model 8b "${common[@]}" --workload multiturn --clients 16 --rounds 6 \
+        --system-tokens 256 --turn-tokens 1024,2048 --device-tokens 40960 --host-tokens 32768 \
+        --backend file --config "$(file "$step")" ;;
+    overflow-70b)
+      bench "$step" --model 70b-layers "${common[@]}" "${documents[@]}" --clients 16 \
+        --host-tokens 40960 --backend file --config "$(file "$step")" ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+  esac
+done
