@@ -668,7 +668,7 @@ def _raw_read_gbps(config: BenchConfig, source: torch.Tensor, page_bytes: int) -
     )
     baseline = baseline_type(options, Deployment())
     names = [f"hicache-engine-rate-{i}" for i in range(_RATE_PAGES)]
-    data = memoryview(source.numpy())
+    data = source.numpy().data
     values = [data[i * page_bytes : (i + 1) * page_bytes] for i in range(_RATE_PAGES)]
     outs = [memoryview(bytearray(page_bytes)) for _ in range(_RATE_PAGES)]
     try:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -72,6 +73,11 @@ __all__ = ["CacheConfig", "CacheStats", "Lease", "Lookup", "TierCache"]
 
 _WRITE_WAIT_S = 0.05
 """How long room-making on the host waits for one background write at a time."""
+
+_INLINE_QUERY_S = 0.001
+"""Existence queries measured this quick (or within 2 % of a forward) are asked in the
+scheduler's thread: the answer comes with no hand-over to a query thread, so a request whose
+pages storage does not hold is scheduled at once."""
 
 
 def _positive_int(name: str, value: object) -> None:
@@ -172,6 +178,12 @@ class CacheConfig:
         Most backups queued for storage at once.
     load_max_gbps, backup_max_gbps
         Pace of the L2→L1 and L1→L2 copy kernels on a GPU; None for full speed.
+    switch_interval_s
+        While a storage tier's threads run, the interpreter's thread switch interval is at most
+        this (``sys.setswitchinterval``, process-wide; restored by ``close``): at Python's
+        5 ms, a storage thread that wants the GIL back after each page's system call waits for
+        the scheduler's thread, which launches the model's kernels, so reads and queries crawl.
+        None leaves it alone.
     """
 
     page_size: int
@@ -188,6 +200,7 @@ class CacheConfig:
     write_queue: int = 64
     load_max_gbps: float | None = None
     backup_max_gbps: float | None = None
+    switch_interval_s: float | None = 0.0005
 
     def __post_init__(self) -> None:
         for name in (
@@ -204,6 +217,15 @@ class CacheConfig:
             _positive_int("prefetch_capacity", self.prefetch_capacity)
         if not isinstance(self.prefetch_timeout, PrefetchTimeout):
             raise ConfigError("prefetch_timeout must be a PrefetchTimeout")
+        interval = self.switch_interval_s
+        if interval is not None and (
+            isinstance(interval, bool)
+            or not isinstance(interval, int | float)
+            or not 0 < interval < math.inf
+        ):
+            raise ConfigError(
+                f"switch_interval_s must be a positive number or None, got {interval!r}"
+            )
         try:
             object.__setattr__(self, "write_policy", WritePolicy(self.write_policy))
             object.__setattr__(self, "prefetch_policy", PrefetchPolicy(self.prefetch_policy))
@@ -349,6 +371,7 @@ class TierCache:
         self.device_alloc = PageAllocator(device_pool.size, config.page_size)
         self.transfer = None if host_pool is None else KVTransfer(device_pool, host_pool)
         self.io: StorageIO | None = None
+        self._switch_interval: float | None = None
         self.costs = CostModel()
         """Measured read, query and compute times (the scheduler records its forwards)."""
         if backend is not None and host_pool is not None:
@@ -362,6 +385,9 @@ class TierCache:
                 read_threads=config.read_threads,
                 costs=self.costs,
             )
+            if config.switch_interval_s is not None:
+                self._switch_interval = sys.getswitchinterval()
+                sys.setswitchinterval(min(self._switch_interval, config.switch_interval_s))
         self.stats = CacheStats()
         self.token_bytes = device_pool.row_nbytes * device_pool.num_kv * device_pool.layer_num
         capacity = config.prefetch_capacity
@@ -468,7 +494,10 @@ class TierCache:
         lookup.fetch = fetch
         self._fetching.append((fetch, lookup))
         self.stats.prefetches += 1
-        self.io.prefetch(fetch)
+        query_s = self.costs.query_s
+        forward_s = self.costs.forward_s or 0.0
+        quick = query_s is not None and query_s <= max(_INLINE_QUERY_S, 0.02 * forward_s)
+        self.io.prefetch(fetch, inline=quick)
 
     def _assign_slots(self) -> None:
         """Give host slots to the prefetches whose existence query answered, within the cap.
@@ -737,6 +766,8 @@ class TierCache:
             for done in self.io.close():
                 self._complete(done)
             self.stats.backups_refused = self.io.refused_backups
+        if self._switch_interval is not None:
+            sys.setswitchinterval(self._switch_interval)
         self._reap()
 
     @property

@@ -8,7 +8,9 @@ measured by the engine as it serves: :class:`CostModel` keeps exponentially weig
 
 - seconds a ``batch_get_v1`` call takes per page (the storage read threads report every call);
 - seconds an existence query takes (``batch_exists``);
-- seconds a forward takes per token it computes, and seconds a forward takes.
+- seconds a forward takes, fitted as a fixed part plus a part per token it computes: what
+  recomputing ``n`` more tokens in a batch costs is the per-token part (the marginal cost), not a
+  forward's mean time per token, which small forwards inflate with their fixed part.
 
 Every estimate is None until its first sample: the policy then treats what it cannot price as
 free to try but bounded by what recomputing costs, so a store is never waited on for longer than
@@ -39,6 +41,41 @@ class _Mean:
         self.value = sample if old is None else old + self.weight * (sample - old)
 
 
+class _Fit:
+    """A least-squares line through (tokens, seconds) with exponentially decaying weights."""
+
+    def __init__(self, decay: float) -> None:
+        self.decay = decay
+        self.n = self.x = self.y = self.xx = self.xy = 0.0
+        self.large = False
+
+    def add(self, x: float, y: float) -> None:
+        keep = 1.0 - self.decay
+        self.n = self.n * keep + 1.0
+        self.x = self.x * keep + x
+        self.y = self.y * keep + y
+        self.xx = self.xx * keep + x * x
+        self.xy = self.xy * keep + x * y
+
+    def line(self) -> tuple[float, float] | None:
+        """Return (fixed seconds, seconds per token), or None before any sample."""
+        if self.n == 0 or self.x <= 0:
+            return None
+        spread = self.n * self.xx - self.x * self.x
+        if spread > 1e-9 * self.n * self.xx:
+            slope = (self.n * self.xy - self.x * self.y) / spread
+            if slope > 0:
+                return max((self.y - slope * self.x) / self.n, 0.0), slope
+        return 0.0, self.y / self.x  # one size of forward only: its mean per token
+
+
+_PREFILL_TOKENS = 16
+"""Fewest new tokens of a forward that shows prefill (decode steps compute one per request)."""
+
+_FIT_DECAY = 0.05
+"""Weight lost per new forward by the older ones in the compute fit (about twenty remembered)."""
+
+
 class CostModel:
     """Running estimates of read, query and compute times (seconds), shared across threads.
 
@@ -54,7 +91,7 @@ class CostModel:
         self._lock = threading.Lock()
         self._read = _Mean(weight)
         self._query = _Mean(weight)
-        self._token = _Mean(weight)
+        self._fit = _Fit(_FIT_DECAY)
         self._forward = _Mean(weight)
 
     # -- samples ----------------------------------------------------------------------------------
@@ -74,15 +111,15 @@ class CostModel:
     def observe_forward(self, tokens: int, seconds: float) -> None:
         """Record a forward that computed ``tokens`` new tokens in ``seconds``.
 
-        Only forwards of many tokens price recompute (a decode step's time per token says
-        nothing about prefill); every forward counts toward :attr:`forward_s`.
+        Recompute is priced once a forward of at least 16 tokens was seen (decode steps alone
+        say nothing about prefill); every forward counts toward the fit and :attr:`forward_s`.
         """
         if seconds < 0 or tokens < 1:
             return
         with self._lock:
             self._forward.add(seconds)
-            if tokens >= 64:
-                self._token.add(seconds / tokens)
+            self._fit.add(tokens, seconds)
+            self._fit.large = self._fit.large or tokens >= _PREFILL_TOKENS
 
     # -- estimates --------------------------------------------------------------------------------
 
@@ -100,9 +137,16 @@ class CostModel:
 
     @property
     def compute_s_per_token(self) -> float | None:
-        """Seconds of prefill per token, from forwards of at least 64 new tokens."""
+        """Seconds each more token adds to a forward (the fit's slope), once prefill was seen."""
         with self._lock:
-            return self._token.value
+            line = self._fit.line() if self._fit.large else None
+        return None if line is None else line[1]
+
+    def forward_time_s(self, tokens: int) -> float | None:
+        """Seconds a forward of ``tokens`` new tokens takes on the fit, once prefill was seen."""
+        with self._lock:
+            line = self._fit.line() if self._fit.large else None
+        return None if line is None else line[0] + line[1] * tokens
 
     @property
     def forward_s(self) -> float | None:

@@ -475,7 +475,7 @@ class Scheduler:
     def _admit(self) -> None:
         admitted: list[Request] = []
         failed: list[tuple[Request, BaseException]] = []
-        forward_s = self.cache.costs.forward_s or 0.0
+        forward_s = self._next_forward_s()
         busy = bool(self.running)
         # Blocking for a fetch about to land delays every running request's next token, so it
         # is allowed a tenth of a forward per step; with nothing running it delays no one.
@@ -531,6 +531,19 @@ class Scheduler:
         self._admitted.extend(admitted)
         for request, error in failed:
             self.fail(request, error)
+
+    def _next_forward_s(self) -> float:
+        """Seconds the next forward of the running requests should take, on the measured fit.
+
+        A request that does not join it waits this long for the next chance.
+        """
+        pending = sum(
+            1 if r.state is RequestState.DECODE else len(r.prompt) - r.computed
+            for r in self.running
+        )
+        costs = self.cache.costs
+        predicted = costs.forward_time_s(min(pending, self.chunk_tokens)) if pending else 0.0
+        return predicted if predicted is not None else costs.forward_s or 0.0
 
     def _batch(self) -> list[tuple[Request, Segment, int]]:
         """Return the forward's work: a decode token per generating request, then prompt chunks.

@@ -330,15 +330,20 @@ class StorageIO:
 
     # -- the scheduler's side ---------------------------------------------------------------------
 
-    def prefetch(self, fetch: Prefetch) -> None:
+    def prefetch(self, fetch: Prefetch, *, inline: bool = False) -> None:
         """Start ``fetch``: query, then read what storage holds (a closed I/O finishes it empty).
 
-        A fetch made without host slots stops in ``QUERIED``; :meth:`read` continues it.
+        ``inline`` asks the existence query in the calling thread, for a store whose queries
+        are known to be quick: the answer is there on return, with no hand-over to a query
+        thread. A fetch made without host slots stops in ``QUERIED``; :meth:`read` continues it.
         """
         if self._closed:
             fetch.cancel()
             return
-        self._queries.put(fetch)
+        if inline:
+            self._query(fetch)
+        else:
+            self._queries.put(fetch)
 
     def read(self, fetch: Prefetch) -> None:
         """Read a fetch that got its slots with :meth:`Prefetch.assign`."""
@@ -408,20 +413,23 @@ class StorageIO:
     def _query_loop(self) -> None:
         while (item := self._queries.get()) is not _STOP:
             assert isinstance(item, Prefetch)
-            if self._closed or item.state is PrefetchState.FINISHED:
-                item.cancel()
-                continue
-            began = time.monotonic()
-            try:
-                hits = self.backend.batch_exists(item.keys) // item.keys_per_page
-            except Exception:  # a query that fails finds nothing; the thread carries on
-                logger.exception("existence query of %d pages failed", item.pages)
-                hits = 0
-            seconds = time.monotonic() - began
-            if self.costs is not None:
-                self.costs.observe_query(seconds)
-            if item._queried(min(hits, item.pages), seconds):
-                self._reads.put(item)
+            self._query(item)
+
+    def _query(self, item: Prefetch) -> None:
+        if self._closed or item.state is PrefetchState.FINISHED:
+            item.cancel()
+            return
+        began = time.monotonic()
+        try:
+            hits = self.backend.batch_exists(item.keys) // item.keys_per_page
+        except Exception:  # a query that fails finds nothing; the caller carries on
+            logger.exception("existence query of %d pages failed", item.pages)
+            hits = 0
+        seconds = time.monotonic() - began
+        if self.costs is not None:
+            self.costs.observe_query(seconds)
+        if item._queried(min(hits, item.pages), seconds):
+            self._reads.put(item)
 
     def _read_loop(self) -> None:
         while (item := self._reads.get()) is not _STOP:

@@ -86,6 +86,15 @@ def test_cost_model_follows_its_samples_with_weighted_means() -> None:
     assert model.recompute_s(50) == pytest.approx(0.05)
 
 
+def test_recompute_is_priced_at_the_marginal_cost_of_a_token() -> None:
+    model = CostModel()
+    for tokens in (64, 8192, 200, 4096, 64, 1024):  # 20 ms a forward + 0.1 ms a token
+        model.observe_forward(tokens, 0.02 + 1e-4 * tokens)
+    assert model.compute_s_per_token == pytest.approx(1e-4)
+    assert model.recompute_s(1000) == pytest.approx(0.1)
+    assert model.forward_time_s(8192) == pytest.approx(0.02 + 0.8192)
+
+
 def test_a_decode_step_times_the_forward_but_does_not_price_prefill() -> None:
     model = CostModel()
     model.observe_forward(8, 0.05)

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from hicache_storage.cli import main
 from hicache_storage.engine.bench import (
+    PARTS,
     RUNS,
     BenchConfig,
     BenchResult,
@@ -139,6 +140,8 @@ def test_bench_result_json_round_trips_with_its_keys(memory_result: BenchResult)
         "device_pool_bytes",
         "host_pool_bytes",
         "runs",
+        "rates",
+        "summary",
     }
     assert report["config"]["device_tokens"] == 64 and report["model"]["name"] == "tiny"
     assert {"date", "torch", "device"} <= set(report["environment"])
@@ -165,6 +168,11 @@ def test_bench_result_json_round_trips_with_its_keys(memory_result: BenchResult)
         "forwards",
         "cache",
         "records",
+        "repeat",
+        "costs",
+        "parts_mean_s",
+        "bound_mean_s",
+        "ttft_over_bound",
     ):
         assert key in run
     assert report["device_pool_bytes"] == 64 * report["model"]["kv_bytes_per_token"]
@@ -247,3 +255,94 @@ def test_cli_engine_bench_reports_a_too_small_device_pool() -> None:
     result = CliRunner().invoke(main, ["engine", "bench", *CLI_SMALL, "--device-tokens", "48"])
     assert result.exit_code == 2
     assert "error: round 2 of client 2 needs 56 device slots" in result.output
+
+
+def test_every_request_says_where_its_time_went_and_what_bounds_it(
+    memory_result: BenchResult,
+) -> None:
+    rates = memory_result.rates
+    assert rates is not None and rates.raw_read_gbps and rates.raw_read_gbps > 0
+    assert rates.host_to_device_gbps > 0 and rates.compute_s_per_token
+    for run in memory_result.runs:
+        for record in run.records:
+            parts = [getattr(record, f"{part}_s") for part in PARTS]
+            assert all(part >= 0 for part in parts)
+            assert sum(parts) == pytest.approx(record.ttft_s, abs=1e-6)
+            assert record.bound_s is not None and record.bound_s > 0
+        if run.name in ("no-cache", "L1", "L1+L2"):
+            assert run.parts_mean_s["storage_query"] == run.parts_mean_s["storage_read"] == 0
+        assert run.ttft_over_bound == pytest.approx(run.ttft_mean_s / run.bound_mean_s)
+    stored = memory_result.run("L1+L2+L3")
+    assert any(r.storage_hit for r in stored.records)
+    assert stored.bound_mean_s < memory_result.run("no-cache").bound_mean_s, (
+        "storage hits make the bound lower than recomputing everything"
+    )
+
+
+def test_repeats_are_summarised_by_median_and_range() -> None:
+    result = run_bench(dataclasses.replace(SMALL, repeat=3), runs=["L1+L2"])
+    assert [(r.name, r.repeat) for r in result.runs] == [
+        ("no-cache", 0), ("L1+L2", 0), ("no-cache", 1), ("L1+L2", 1), ("no-cache", 2),
+        ("L1+L2", 2),
+    ]  # fmt: skip
+    assert all(r.identical for r in result.runs)
+    for summary in result.summary:
+        means = sorted(r.ttft_mean_s for r in result.runs if r.name == summary.name)
+        assert summary.repeats == 3
+        assert (summary.ttft_mean_s.low, summary.ttft_mean_s.median, summary.ttft_mean_s.high) == (
+            pytest.approx(means[0]), pytest.approx(means[1]), pytest.approx(means[2]),
+        )  # fmt: skip
+        rounds = [s for s in summary.ttft_by_round_s if s is not None]
+        assert len(rounds) == SMALL.rounds and all(s.low <= s.median <= s.high for s in rounds)
+    assert BenchResult.from_json(result.to_json()) == result
+
+
+def test_a_hugging_face_config_gives_the_model_its_shape(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(
+        json.dumps(
+            {
+                "model_type": "qwen3", "vocab_size": 300, "hidden_size": 64,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "head_dim": 32, "intermediate_size": 96, "rope_theta": 1e6,
+                "rms_norm_eps": 1e-6, "torch_dtype": "float32",
+            }
+        )
+    )  # fmt: skip
+    config = BenchConfig.for_model(str(path), device_tokens=256, host_tokens=256, page_size=8)
+    shape = config.model_config()
+    assert (shape.hidden, shape.layers, shape.heads, shape.kv_heads, shape.head_dim) == (
+        64, 2, 4, 2, 32,
+    )  # fmt: skip
+    assert shape.kv_bytes_per_token == 2 * 2 * 2 * 32 * 4
+    small = dataclasses.replace(SMALL, model=str(path))
+    result = run_bench(small, runs=["L1+L2"])
+    assert result.model["hidden"] == 64 and all(r.identical for r in result.runs)
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ('{"model_type": "gpt2", "n_embd": 8}', "model_type"),
+        ('{"model_type": "llama", "hidden_size": 64}', "lacks"),
+        ("[1, 2]", "JSON object"),
+        ("{not json", "cannot be read"),
+    ],
+)
+def test_a_config_json_that_is_not_a_supported_model_is_refused(
+    tmp_path: Path, content: str, match: str
+) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=match):
+        BenchConfig(model=str(path))
+    with pytest.raises(ConfigError, match=r"config\.json path"):
+        BenchConfig(model=str(tmp_path / "missing.json"))
+
+
+def test_the_70b_layer_shape_is_llama_3_70b_per_layer() -> None:
+    shape = BenchConfig.for_model("70b-layers").model_config()
+    assert (shape.hidden, shape.heads, shape.kv_heads, shape.intermediate) == (
+        8192, 64, 8, 28672,
+    )  # fmt: skip
+    assert shape.layers == 20 and shape.kv_bytes_per_token == 80 * 1024
