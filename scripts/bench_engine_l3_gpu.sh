@@ -14,7 +14,8 @@
 #   outgrow           16 clients x 6 rounds whose histories outgrow the host pool
 #   overflow-70b      16 documents x 3 queries on 20 layers of the Llama-3-70B shape
 # Needs the package installed and one CUDA GPU; the stores live under a temporary directory
-# removed after each step (the GPU host's disk holds 64 GiB).
+# removed after each step (the GPU host's disk holds 64 GiB). BENCH_ARGS (e.g. "--repeat 3" or
+# "--runs L1+L2,L1+L2+L3") is added to every step's command.
 set -euo pipefail
 out=${1:?usage: bench_engine_l3_gpu.sh OUTDIR [STEP...]}
 shift
@@ -36,7 +37,8 @@ bench() {
   local step=$1
   shift
   echo "== $step: hicache engine bench $*"
-  hicache engine bench "$@" --json "$out/$step.json"
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of words
+  hicache engine bench "$@" ${BENCH_ARGS:-} --json "$out/$step.json"
   rm -rf "${l3:?}"/*
 }
 

@@ -174,6 +174,9 @@ class CacheConfig:
         Pages per storage read of a prefetch.
     query_threads, read_threads
         Existence queries and prefetch reads in flight at once.
+    write_batch_pages
+        Pages a backup writes per storage call: background writes move a few pages at a time so
+        that they leave the cores to the forward and the reads.
     write_queue
         Most backups queued for storage at once.
     load_max_gbps, backup_max_gbps
@@ -197,6 +200,7 @@ class CacheConfig:
     read_batch_pages: int = 32
     query_threads: int = 2
     read_threads: int = 4
+    write_batch_pages: int = 2
     write_queue: int = 64
     load_max_gbps: float | None = None
     backup_max_gbps: float | None = None
@@ -210,6 +214,7 @@ class CacheConfig:
             "read_batch_pages",
             "query_threads",
             "read_threads",
+            "write_batch_pages",
             "write_queue",
         ):
             _positive_int(name, getattr(self, name))
@@ -383,6 +388,7 @@ class TierCache:
                 object_indices=None if self.objects is None else self.objects.object_indices,
                 query_threads=config.query_threads,
                 read_threads=config.read_threads,
+                write_batch_pages=config.write_batch_pages,
                 costs=self.costs,
             )
             if config.switch_interval_s is not None:
@@ -898,7 +904,7 @@ class TierCache:
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record()
             ready = event.synchronize
-        job = Backup(self.scheme.keys(node.hashes), host, node.id, ready)
+        job = Backup(self.scheme.keys(node.hashes), host, node.id, ready, self.scheme.keys_per_page)
         if not self.io.backup(job):
             return False
         self.tree.pin_host(node)

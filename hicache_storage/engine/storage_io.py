@@ -238,12 +238,15 @@ class Backup:
         The scheduler's handle, returned in the :class:`BackupDone`.
     ready
         Waited on before reading the host slots (the device→host copy that fills them).
+    keys_per_page
+        Keys each page is stored under (several for a multi-object key scheme).
     """
 
     keys: Sequence[str]
     host_indices: torch.Tensor
     ticket: object = None
     ready: Callable[[], None] | None = None
+    keys_per_page: int = 1
 
 
 @dataclass(frozen=True)
@@ -274,6 +277,8 @@ class StorageIO:
     query_threads, read_threads
         Existence queries and fetches in flight at once: one request's fetch does not queue
         behind another's, and a backend that serves calls concurrently is kept busy.
+    write_batch_pages
+        Pages per ``batch_set_v1`` call of a backup (see :meth:`_write`).
     costs
         Where every query's and read call's duration is recorded (for the ``adaptive`` policy).
     """
@@ -287,6 +292,7 @@ class StorageIO:
         object_indices: Callable[[torch.Tensor], torch.Tensor] | None = None,
         query_threads: int = 2,
         read_threads: int = 4,
+        write_batch_pages: int = 2,
         costs: CostModel | None = None,
     ) -> None:
         for name, value in (
@@ -294,11 +300,13 @@ class StorageIO:
             ("write_capacity", write_capacity),
             ("query_threads", query_threads),
             ("read_threads", read_threads),
+            ("write_batch_pages", write_batch_pages),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
         self.backend = backend
         self.read_batch_pages = read_batch_pages
+        self.write_batch_pages = write_batch_pages
         self.costs = costs
         self._objects = object_indices
         self.refused_backups = 0
@@ -463,14 +471,36 @@ class StorageIO:
     def _indices(self, host: torch.Tensor) -> torch.Tensor:
         return host if self._objects is None else self._objects(host)
 
+    def _write(self, job: Backup) -> bool:
+        """Write ``job`` a few pages at a time; return whether every page was stored.
+
+        Backups are background work: ``write_batch_pages`` bounds how many pages a backend that
+        parallelises a batch moves at once for them, so that they do not take the cores (and
+        the GIL) that the model's forward and the prefetch reads need.
+        """
+        kpp = job.keys_per_page
+        pages = len(job.keys) // kpp
+        if pages == 0:
+            return False
+        tokens = job.host_indices.numel() // pages
+        step = self.write_batch_pages
+        for first in range(0, pages, step):
+            end = min(first + step, pages)
+            done = self.backend.batch_set_v1(
+                list(job.keys[first * kpp : end * kpp]),
+                self._indices(job.host_indices[first * tokens : end * tokens]),
+            )
+            if not done or not all(done):
+                return False
+        return True
+
     def _write_loop(self) -> None:
         while (item := self._writes.get()) is not _STOP:
             assert isinstance(item, Backup)
             try:
                 if item.ready is not None:
                     item.ready()
-                done = self.backend.batch_set_v1(list(item.keys), self._indices(item.host_indices))
-                stored = bool(done) and all(done)
+                stored = self._write(item)
             except Exception:  # logged: one bad job must not stop the writer
                 logger.exception("backup of %d keys failed", len(item.keys))
                 stored = False

@@ -301,6 +301,33 @@ def test_backup_writes_the_pages_under_their_keys_after_ready(
     assert io.refused_backups == 0
 
 
+def test_a_backup_is_written_a_few_pages_at_a_time_in_order(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    io, spy = make_io(write_batch_pages=2)
+    src = slots(0, 5)
+    fill(pool, src, seed=6)
+    job = Backup(keys(5), src, ticket=1)
+    assert io.backup(job)
+    (done,) = poll_all(io, 1)
+    assert done.stored and spy.sets == [2, 2, 1]
+    dst = slots(10, 5)
+    assert spy.inner.batch_get_v1(keys(5), dst) == [True] * 5
+    assert pages(pool, dst) == pages(pool, src), "each chunk went to its own keys"
+
+
+def test_a_failed_chunk_of_a_backup_stops_it_unstored(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    io, spy = make_io(write_batch_pages=2)
+    spy.fail_second_set = True  # the second page of every call fails
+    job = Backup(keys(6, "c"), slots(0, 6), ticket=2)
+    assert io.backup(job)
+    (done,) = poll_all(io, 1)
+    assert not done.stored
+    assert spy.sets == [2], "no chunk is written after one failed"
+
+
 def test_a_full_write_queue_refuses_a_backup_and_counts_it(
     make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
 ) -> None:
