@@ -24,7 +24,7 @@ mkdir -p "$out"
 l3=$(mktemp -d /tmp/hicache-l3.XXXX)
 trap 'rm -rf "$l3"' EXIT
 
-common=(--device cuda --page-size 64 --chunk-tokens 8192 --max-new-tokens 4 --concurrency 4
+common=(--device cuda --page-size 64 --chunk-tokens 8192 --max-new-tokens 4 --concurrency 4 --host-layout page_first
         --write-policy write_through)
 documents=(--workload documents --rounds 3 --document-tokens 8192 --question-tokens 64
            --device-tokens 36864)

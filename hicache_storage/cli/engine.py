@@ -341,6 +341,11 @@ def engine_group() -> None:
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the workload.")
 @click.option(
+    "--read-delay-s",
+    type=click.FloatRange(min=0),
+    help="Make the store slow: the fault layer waits this long before every L3 read.",
+)
+@click.option(
     "--json",
     "json_path",
     metavar="FILE",

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import importlib.metadata
+import math
 import platform
 import random
 import time
@@ -39,6 +40,7 @@ import numpy as np
 import torch
 
 from hicache_storage.backend import StorageBackend
+from hicache_storage.config import FaultConfig, FaultRule, LayerConfig
 from hicache_storage.errors import ConfigError, MissingDependencyError, UnsupportedOperationError
 from hicache_storage.factory import create_backend
 from hicache_storage.hostpool import MHAHostPool
@@ -180,6 +182,9 @@ class BenchConfig:
     repeat
         Times every configuration is served (in turn, so drift spreads over all of them); the
         tables give the median and the spread.
+    read_delay_s
+        Seconds the fault layer adds before every ``batch_get_v1`` of the storage backend: a
+        slow store, to see that the prefetch policy does not wait for it.
     """
 
     backend: str = "memory"
@@ -207,6 +212,7 @@ class BenchConfig:
     dtype: str | None = None
     seed: int = 0
     repeat: int = 1
+    read_delay_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.model not in _MODELS:
@@ -243,6 +249,8 @@ class BenchConfig:
             raise ConfigError(
                 f"concurrency must be a positive int or None, got {self.concurrency!r}"
             )
+        if self.read_delay_s is not None and not 0 <= self.read_delay_s < math.inf:
+            raise ConfigError(f"read_delay_s must be a finite number >= 0, got {self.read_delay_s}")
         if self.arrival_rate is not None and not self.arrival_rate > 0:
             raise ConfigError(f"arrival_rate must be positive, got {self.arrival_rate}")
         for name, size in (
@@ -782,7 +790,11 @@ def _serve(
     backend = None
     cleared: bool | None = None
     if name == "L1+L2+L3":
-        backend = create_backend(config.backend, config.backend_config)
+        layers = None
+        if config.read_delay_s:
+            slow = FaultConfig(ops={"batch_get_v1": FaultRule(delay_s=config.read_delay_s)})
+            layers = LayerConfig(faults=slow)
+        backend = create_backend(config.backend, config.backend_config, layers=layers)
         try:
             backend.clear()
             cleared = True

@@ -528,7 +528,13 @@ class TierCache:
                 pages < self.config.prefetch_threshold
                 or (
                     self.config.prefetch_policy is PrefetchPolicy.ADAPTIVE
-                    and not fetch_pays(pages, page, self._queued_pages(None), self.costs)
+                    and not fetch_pays(
+                        pages,
+                        page,
+                        self._queued_pages(None),
+                        self.costs,
+                        in_flight_s_per_page=self._in_flight_s_per_page(),
+                    )
                 )
                 or not self._pin_anchor(lookup)
             ):
@@ -577,6 +583,15 @@ class TierCache:
             self._reading = still
         threads = 1 if self.io is None else self.io.read_threads
         return ahead / threads
+
+    def _in_flight_s_per_page(self) -> float:
+        """Seconds per page so far of the slowest read call in flight (0 when none runs)."""
+        slowest = 0.0
+        for fetch in self._reading:
+            call_s, call_pages = fetch.call
+            if call_pages:
+                slowest = max(slowest, call_s / call_pages)
+        return slowest
 
     def ready(self, lookup: Lookup, *, block_s: float = 0.0, next_step_s: float = 0.0) -> bool:
         """Whether the prefetch policy lets the request be scheduled now.

@@ -167,15 +167,25 @@ def _fetch_eta_s(view: FetchView, costs: CostModel) -> float:
     return eta + read
 
 
-def fetch_pays(pages: int, page_size: int, queued_pages: float, costs: CostModel) -> bool:
+def fetch_pays(
+    pages: int,
+    page_size: int,
+    queued_pages: float,
+    costs: CostModel,
+    *,
+    in_flight_s_per_page: float = 0.0,
+) -> bool:
     """Whether reading ``pages`` pages (after ``queued_pages`` queued ahead) beats computing them.
 
-    True while either rate is unmeasured: the first reads are how the store's speed is learnt,
-    and :func:`adaptive_wait_s` bounds what a request waits for them.
+    ``in_flight_s_per_page`` is the slowest read call in flight's seconds so far per page: a
+    lower bound on the store's speed before any call has returned (a store that answers in a
+    second is known to be slow long before its first answer). True while both are unmeasured:
+    the first reads are how the store's speed is learnt, and :func:`adaptive_wait_s` bounds what
+    a request waits for them.
     """
     recompute = costs.recompute_s(pages * page_size)
-    per_page = costs.read_s_per_page
-    if recompute is None or per_page is None:
+    per_page = max(costs.read_s_per_page or 0.0, in_flight_s_per_page)
+    if recompute is None or per_page == 0.0:
         return True
     return (pages + queued_pages) * per_page < recompute
 

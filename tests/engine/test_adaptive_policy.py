@@ -171,6 +171,12 @@ def test_an_unanswered_query_is_priced_by_the_queries_measured() -> None:
     assert decide(view(queried=False, elapsed_s=0.001), quick) == pytest.approx(0.002)
 
 
+def test_a_read_in_flight_for_long_stops_new_fetches_before_any_read_returned() -> None:
+    model = costs(read_s_per_page=None, compute_s_per_token=1e-3)  # 4 ms to compute a page
+    assert fetch_pays(10, 4, 0, model, in_flight_s_per_page=0.001)
+    assert not fetch_pays(10, 4, 0, model, in_flight_s_per_page=0.01)
+
+
 def test_unmeasured_rates_let_a_fetch_start() -> None:
     assert fetch_pays(10, 4, 0, CostModel())
     assert fetch_pays(10, 4, 0, costs(read_s_per_page=None, compute_s_per_token=1.0))
