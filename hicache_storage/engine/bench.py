@@ -203,7 +203,7 @@ class BenchConfig:
     host_tokens: int = 512
     page_size: int = 8
     write_policy: str = WritePolicy.WRITE_THROUGH.value
-    prefetch_policy: str = PrefetchPolicy.TIMEOUT.value
+    prefetch_policy: str = PrefetchPolicy.ADAPTIVE.value
     host_layout: str = "layer_first"
     chunk_tokens: int = 256
     max_running: int = 64

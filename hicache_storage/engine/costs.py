@@ -1,6 +1,6 @@
 """What moving a page costs on this machine, measured while serving: reads, queries, recompute.
 
-The ``adaptive`` prefetch policy (:func:`~hicache_storage.engine.policies.adaptive_done_waiting`)
+The ``adaptive`` prefetch policy (:func:`~hicache_storage.engine.policies.adaptive_wait_s`)
 weighs the time to fetch a request's storage pages against the time to recompute them. Neither is
 a constant: a warm local store reads 8 MiB pages at tens of GB/s, a cold disk or a remote store at
 one, and prefill of the same model runs at different speeds per device and per batch. So both are

@@ -278,7 +278,8 @@ class StorageIO:
         Existence queries and fetches in flight at once: one request's fetch does not queue
         behind another's, and a backend that serves calls concurrently is kept busy.
     write_batch_pages
-        Pages per ``batch_set_v1`` call of a backup (see :meth:`_write`).
+        Pages per ``batch_set_v1`` call of a backup: background writes move a few pages at a
+        time, so they leave the cores and the GIL to the forward and the reads.
     costs
         Where every query's and read call's duration is recorded (for the ``adaptive`` policy).
     """
