@@ -16,6 +16,7 @@ from hicache_storage import create_backend
 from hicache_storage.engine.cache import CacheConfig, TierCache
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.model import LlamaModel, ModelConfig
+from hicache_storage.engine.policies import PrefetchPolicy
 from hicache_storage.hostpool import MHAHostPool
 from hicache_storage.kernels import DevicePool
 
@@ -54,7 +55,11 @@ def main(root: str) -> None:
         48, PAGE, config.layers, config.kv_heads, config.head_dim, config.dtype, pin_memory=False
     )
     with create_backend("file", {"root": root}) as backend:
-        cache = TierCache(device, host, backend, CacheConfig(PAGE))
+        # Wait for every storage read: this tiny model recomputes a page faster than the file
+        # store reads it, so the default `adaptive` policy would (rightly) recompute instead,
+        # and the example is here to show pages making the round trip.
+        policies = CacheConfig(PAGE, prefetch_policy=PrefetchPolicy.WAIT_COMPLETE)
+        cache = TierCache(device, host, backend, policies)
         turns = conversations(clients=3, rounds=4)
         with Engine(model, cache) as engine:  # closing flushes the queued storage writes
             cached = serve(engine, turns)

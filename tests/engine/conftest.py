@@ -8,6 +8,7 @@ it. The 3FS metadata service's lease and timeout are those of the 3FS tests.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -80,3 +81,11 @@ def metadata_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local
     )
     with service, publish(service):
         yield service
+
+
+@pytest.fixture(autouse=True)
+def switch_interval() -> Iterator[None]:
+    """Give back the thread switch interval that a cache a test never closed left lowered."""
+    before = sys.getswitchinterval()
+    yield
+    sys.setswitchinterval(before)

@@ -7,6 +7,7 @@ is who waited for what, never how long anything took.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -321,3 +322,31 @@ def test_a_request_storage_cannot_serve_does_not_wait_for_the_query(
     scheduler.close()
     cache.close()
     assert not any(t.is_alive() for t in cache.threads)
+
+
+def test_a_storage_tier_lowers_the_switch_interval_while_it_runs(
+    stored: tuple[StorageBackend, list[int], list[int]],
+) -> None:
+    memory, _, _ = stored
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)
+    try:
+        cache = build_cache(64, 64, memory, switch_interval_s=0.0005)
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+        cache.close()
+        assert sys.getswitchinterval() == pytest.approx(0.005), "close gives it back"
+        untouched = build_cache(64, 64, memory, switch_interval_s=None)
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+        untouched.close()
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+        without_storage = build_cache(64, 64, None)
+        assert sys.getswitchinterval() == pytest.approx(0.005), "no storage threads, no change"
+        without_storage.close()
+    finally:
+        sys.setswitchinterval(before)
+
+
+@pytest.mark.parametrize("value", [0, -0.001, float("inf"), True, "0.001"])
+def test_a_switch_interval_that_is_not_a_positive_number_is_refused(value: object) -> None:
+    with pytest.raises(ConfigError, match="switch_interval_s"):
+        build_cache(64, 64, None, switch_interval_s=value)
