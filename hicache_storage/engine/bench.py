@@ -49,7 +49,7 @@ from hicache_storage.redact import redact_options
 
 from .cache import CacheConfig, TierCache
 from .engine import Engine
-from .model import LlamaModel, ModelConfig
+from .model import DTYPES, LlamaModel, ModelConfig
 from .policies import PrefetchPolicy, WritePolicy
 from .scheduler import Request
 from .workloads import Conversation, DocumentQueries, MultiTurn, Turn
@@ -90,7 +90,6 @@ _MODELS: dict[str, Callable[[], ModelConfig]] = {
 _WARM_COUNTS = 64
 """Page counts up to which every count of a copy is compiled ahead (see ``_warm_transfer``)."""
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 _MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     # 8 histories growing to ~200 tokens (~1.4k distinct tokens in all) against a 256-token
@@ -264,8 +263,8 @@ class BenchConfig:
             PrefetchPolicy(self.prefetch_policy)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        if self.dtype is not None and self.dtype not in _DTYPES:
-            raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         try:
             torch.device(self.device)
         except RuntimeError as exc:
@@ -293,7 +292,7 @@ class BenchConfig:
         )
         if self.dtype is None:
             return shape
-        return dataclasses.replace(shape, dtype=_DTYPES[self.dtype])
+        return dataclasses.replace(shape, dtype=DTYPES[self.dtype])
 
     def turns(self, vocab_size: int) -> list[Turn]:
         """Return the workload's turns in arrival order (the same for every configuration)."""

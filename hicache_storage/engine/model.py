@@ -35,6 +35,7 @@ from torch.nn.attention.bias import causal_lower_right
 from hicache_storage.errors import ConfigError, HostPoolError, InvalidValueError
 
 __all__ = [
+    "DTYPES",
     "KVPool",
     "LayerHook",
     "LayerWeights",
@@ -43,6 +44,13 @@ __all__ = [
     "Segment",
     "next_token",
 ]
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+"""The model's floating-point types by name (a ``config.json``'s ``torch_dtype``, ``--dtype``)."""
 
 LayerHook = Callable[[int], None]
 """Called with a layer index right before the forward touches that layer of the pool."""
@@ -164,19 +172,8 @@ class ModelConfig:
         Twenty layers (17 B parameters, 34 GB of weights) fit one large GPU with room for KV;
         each token costs a 70B model's compute per layer and 80 KiB of KV.
         """
-        base = cls(
-            vocab_size=128256,
-            hidden=8192,
-            layers=layers,
-            heads=64,
-            kv_heads=8,
-            head_dim=128,
-            intermediate=28672,
-            rope_theta=500000.0,
-            rms_eps=1e-5,
-            dtype=torch.bfloat16,
-        )
-        return dataclasses.replace(base, **overrides)
+        shape = {"hidden": 8192, "layers": layers, "heads": 64, "intermediate": 28672}
+        return cls.llama3_8b(**{**shape, **overrides})
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any], **overrides: Any) -> ModelConfig:
@@ -201,9 +198,7 @@ class ModelConfig:
         try:
             hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
             dtype_name = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
-            dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(
-                dtype_name, torch.float32 if dtype_name == "float32" else None
-            )
+            dtype = DTYPES.get(dtype_name)
             if dtype is None:
                 raise ConfigError(f"config.json torch_dtype {dtype_name!r} is not a float dtype")
             base = cls(
