@@ -65,6 +65,7 @@ import torch
 
 from hicache_storage.backend import StorageBackend
 from hicache_storage.config import FaultConfig, FaultRule, LayerConfig
+from hicache_storage.conformance.checks.common import SHARED_POOLS
 from hicache_storage.conformance.report import Outcome
 from hicache_storage.conformance.server import PausableServerControl, ServerControl
 from hicache_storage.engine.cache import CacheConfig, TierCache
@@ -342,7 +343,15 @@ class _Case:
         device_tokens = max(DEVICE_TOKENS, -(-longest // PAGE) * PAGE)
         device = DevicePool.mha(device_tokens, c.layers, c.kv_heads, c.head_dim, c.dtype)
         host = MHAHostPool(
-            HOST_TOKENS, PAGE, c.layers, c.kv_heads, c.head_dim, c.dtype, "layer_first", False
+            HOST_TOKENS,
+            PAGE,
+            c.layers,
+            c.kv_heads,
+            c.head_dim,
+            c.dtype,
+            "layer_first",
+            False,
+            shared=SHARED_POOLS,
         )
         cache_config = CacheConfig(PAGE, write_policy=write, prefetch_policy=prefetch, **config)
         return TierCache(device, host, backend, cache_config, scheme=self.scheme)

@@ -27,6 +27,7 @@ import math
 import os
 import re
 import secrets
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
@@ -577,6 +578,7 @@ def _v1_pool(page_size: int, pages: int, layout: str) -> Any:
         page_size // _V1_UNIT,
         layout=layout,
         pin_memory=False,
+        shared=sys.platform == "linux",
     )
 
 

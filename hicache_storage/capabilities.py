@@ -47,6 +47,9 @@ class Capabilities:
         mean (no :class:`~hicache_storage.keys.format.ObjectFormat` tag). Such a backend keeps
         the format itself and refuses, when a host pool is registered, a pool whose format
         differs from the one its store holds under the same key suffix.
+    shared_host_pool
+        The v1 calls need the registered host pool in shared memory (built with
+        ``shared=True``): the ``process`` backend's storage process moves pages in place there.
     """
 
     persistent: bool = False
@@ -60,6 +63,7 @@ class Capabilities:
     max_value_size: int | None = None
     exists_stale_s: float = 0.0
     foreign_names: bool = False
+    shared_host_pool: bool = False
 
     def claimed(self) -> list[str]:
         """Return the names of the boolean capabilities this record claims, in field order."""

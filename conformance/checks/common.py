@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -38,6 +39,9 @@ settings.register_profile(
 KiB = 1 << 10
 MiB = 1 << 20
 SENTINEL = 0xA5
+SHARED_POOLS = sys.platform == "linux"
+"""The suite's host pools live in shared memory where they can (Linux), so that a backend
+serving pages from another process (``shared_host_pool``) can be checked like any other."""
 SLACK_S = 2.0
 
 
@@ -56,10 +60,25 @@ def _pool(
     size = pages * page_size
     if kind == "mha":
         return MHAHostPool(
-            size, page_size, layers, 2, 8, dtype=torch.float16, layout=layout, pin_memory=False
+            size,
+            page_size,
+            layers,
+            2,
+            8,
+            dtype=torch.float16,
+            layout=layout,
+            pin_memory=False,
+            shared=SHARED_POOLS,
         )
     return MLAHostPool(
-        size, page_size, layers, 16, dtype=torch.float16, layout=layout, pin_memory=False
+        size,
+        page_size,
+        layers,
+        16,
+        dtype=torch.float16,
+        layout=layout,
+        pin_memory=False,
+        shared=SHARED_POOLS,
     )
 
 
@@ -155,10 +174,25 @@ def model_pool(
     size = pages * page_size
     if kind == "mha":
         return MHAHostPool(
-            size, page_size, layers, heads, head_dim, dtype=dtype, layout=layout, pin_memory=False
+            size,
+            page_size,
+            layers,
+            heads,
+            head_dim,
+            dtype=dtype,
+            layout=layout,
+            pin_memory=False,
+            shared=SHARED_POOLS,
         )
     return MLAHostPool(
-        size, page_size, layers, head_dim, dtype=dtype, layout=layout, pin_memory=False
+        size,
+        page_size,
+        layers,
+        head_dim,
+        dtype=dtype,
+        layout=layout,
+        pin_memory=False,
+        shared=SHARED_POOLS,
     )
 
 

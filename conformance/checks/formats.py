@@ -21,6 +21,7 @@ from hicache_storage.capabilities import Capabilities
 from hicache_storage.config import Deployment
 from hicache_storage.conformance.checks.common import (
     SENTINEL,
+    SHARED_POOLS,
     _indices,
     _raw,
     _sentinel_fill,
@@ -45,7 +46,17 @@ PAGES = 3
 
 
 def _mha(layout: str, dtype: torch.dtype, heads: int, dim: int) -> HostKVPool:
-    return MHAHostPool(8 * 4, 4, 2, heads, dim, dtype=dtype, layout=layout, pin_memory=False)
+    return MHAHostPool(
+        8 * 4,
+        4,
+        2,
+        heads,
+        dim,
+        dtype=dtype,
+        layout=layout,
+        pin_memory=False,
+        shared=SHARED_POOLS,
+    )
 
 
 WRITER = ("layer_first", torch.float16, 2, 8)

@@ -767,6 +767,7 @@ def _build_cache(config: BenchConfig, name: str, backend: StorageBackend | None)
             shape.dtype,
             config.host_layout,
             device.type == "cuda",
+            shared=backend is not None and backend.capabilities.shared_host_pool,
         )
     cache_config = CacheConfig(
         config.page_size,

@@ -31,6 +31,7 @@ rows), each row holding that region for every token; a page is one column range 
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Sequence
 from typing import ClassVar, TypeAlias
@@ -57,6 +58,7 @@ from hicache_storage.hostpool.layout import (
     mla_buffer_shape,
     mla_page_shape,
 )
+from hicache_storage.hostpool.shared import shared_zeros
 
 __all__ = ["HostKVPool", "MHAHostPool", "MLAHostPool"]
 
@@ -264,11 +266,16 @@ class HostKVPool:
         return np.frombuffer(view, dtype=np.uint8).reshape(self._rows, self._region_nbytes)
 
 
-def _allocate(shape: tuple[int, ...], dtype: torch.dtype, pin_memory: bool | None) -> torch.Tensor:
+def _allocate(
+    shape: tuple[int, ...], dtype: torch.dtype, pin_memory: bool | None, shared: bool
+) -> torch.Tensor:
     """Allocate a zeroed pool tensor, pinned as asked (None: when CUDA is available)."""
     if not isinstance(dtype, torch.dtype):
         raise HostPoolError(f"dtype must be a torch.dtype, got {dtype!r}")
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+    if shared:
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        return shared_zeros(nbytes, pin=pin).view(dtype).view(shape)
     try:
         return torch.zeros(shape, dtype=dtype, pin_memory=pin)
     except RuntimeError as exc:
@@ -310,6 +317,9 @@ class MHAHostPool(HostKVPool):
         A :class:`Layout` or its name.
     pin_memory
         Pin the pool for fast device transfers; None pins when CUDA is available.
+    shared
+        Allocate the pool in shared memory (:mod:`hicache_storage.hostpool.shared`), so that a
+        storage backend in another process (the ``process`` backend) moves its pages in place.
     """
 
     def __init__(
@@ -322,10 +332,12 @@ class MHAHostPool(HostKVPool):
         dtype: torch.dtype = torch.bfloat16,
         layout: Layout | str = Layout.LAYER_FIRST,
         pin_memory: bool | None = None,
+        *,
+        shared: bool = False,
     ) -> None:
         parsed = Layout.parse(layout)
         shape = mha_buffer_shape(parsed, size, page_size, layer_num, head_num, head_dim)
-        self._adopt(_allocate(shape, dtype, pin_memory), page_size, parsed)
+        self._adopt(_allocate(shape, dtype, pin_memory, shared), page_size, parsed)
 
     def _adopt(self, kv_buffer: torch.Tensor, page_size: int, layout: Layout) -> None:
         """Become the pool over ``kv_buffer``: what both constructors share."""
@@ -364,10 +376,12 @@ class MLAHostPool(HostKVPool):
         dtype: torch.dtype = torch.bfloat16,
         layout: Layout | str = Layout.LAYER_FIRST,
         pin_memory: bool | None = None,
+        *,
+        shared: bool = False,
     ) -> None:
         parsed = Layout.parse(layout)
         shape = mla_buffer_shape(parsed, size, page_size, layer_num, kv_cache_dim)
-        self._adopt(_allocate(shape, dtype, pin_memory), page_size, parsed)
+        self._adopt(_allocate(shape, dtype, pin_memory, shared), page_size, parsed)
 
     def _adopt(self, kv_buffer: torch.Tensor, page_size: int, layout: Layout) -> None:
         """Become the pool over ``kv_buffer``: what both constructors share."""

@@ -1,0 +1,5 @@
+"""Any backend served from its own storage process, over the engine's shared host pool."""
+
+from .backend import ProcessBackend, ProcessConfig
+
+__all__ = ["ProcessBackend", "ProcessConfig"]
