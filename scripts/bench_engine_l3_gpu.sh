@@ -15,7 +15,8 @@
 #   overflow-70b      16 documents x 3 queries on 20 layers of the Llama-3-70B shape
 # Needs the package installed and one CUDA GPU; the stores live under a temporary directory
 # removed after each step (the GPU host's disk holds 64 GiB). BENCH_ARGS (e.g. "--repeat 3" or
-# "--runs L1+L2,L1+L2+L3") is added to every step's command.
+# "--runs L1+L2,L1+L2+L3") is added to every step's command. L3_PROCESS=1 serves each step's file
+# backend from a storage process of its own (the `process` backend over a shared host pool).
 set -euo pipefail
 out=${1:?usage: bench_engine_l3_gpu.sh OUTDIR [STEP...]}
 shift
@@ -36,6 +37,17 @@ threefs() {  # 8 MiB slots: one page of the 8B shape (64 tokens x 128 KiB)
 bench() {
   local step=$1
   shift
+  if [[ ${L3_PROCESS:-0} == 1 ]]; then
+    local args=() backend=""
+    while (($#)); do
+      case $1 in
+        --backend) backend=$2; args+=(--backend process); shift 2 ;;
+        --config) args+=(--config "{\"backend\": \"$backend\", \"options\": $2}"); shift 2 ;;
+        *) args+=("$1"); shift ;;
+      esac
+    done
+    set -- "${args[@]}"
+  fi
   echo "== $step: hicache engine bench $*"
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of words
   hicache engine bench "$@" ${BENCH_ARGS:-} --json "$out/$step.json"

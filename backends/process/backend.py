@@ -4,7 +4,8 @@ An engine's storage threads share one interpreter, and so one GIL, with the thre
 the model: each page a read thread moves costs it a few trips for the GIL, which it waits for
 while the scheduler launches kernels (measured on an H200: 2.4 to 4.8 ms per 8 MiB page inside the
 engine against 0.2 ms for the same backend alone). This backend builds the backend it is given
-in a child process and forwards every call over a socket; the v1 calls carry only keys and page
+in a storage process of its own (forked by :mod:`~hicache_storage.backends.process.launcher`)
+and forwards every call over a socket; the v1 calls carry only keys and page
 indices, because the child maps the engine's host pool (allocated with ``shared=True``, see
 :mod:`hicache_storage.hostpool.shared`) and moves the pages there itself. One call costs the
 engine a message each way, whatever the pages cost the child.
@@ -18,11 +19,11 @@ layer counts as misses. The child exits when this backend closes or its parent d
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import itertools
-import socket
-import subprocess
-import sys
+import os
+import signal
 import threading
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
@@ -47,6 +48,7 @@ from hicache_storage.hostpool.shared import region_of
 from hicache_storage.kit import closed_guard
 from hicache_storage.registry import get_spec
 
+from .launcher import launcher
 from .protocol import PoolDescription, Reply, Request, Start
 
 __all__ = ["ProcessBackend", "ProcessConfig"]
@@ -103,23 +105,7 @@ class ProcessBackend(StorageBackend):
         self._ids = itertools.count()
         self._send_lock = threading.Lock()
         self._lost: str | None = None
-        ours, theirs = socket.socketpair()
-        try:
-            self._child = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "hicache_storage.backends.process.worker",
-                    str(theirs.fileno()),
-                ],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-            )
-        except OSError as exc:
-            ours.close()
-            raise BackendUnavailableError(f"cannot start the storage process: {exc}") from exc
-        finally:
-            theirs.close()
+        ours, self._pid = launcher().launch(config.start_timeout_s)
         self._conn = Connection(ours.detach())
         self._conn.send(Start(spec.name, options, deployment or Deployment(), config.threads))
         started = self._conn.poll(config.start_timeout_s)
@@ -229,8 +215,8 @@ class ProcessBackend(StorageBackend):
             **served,
             "process": {
                 "backend": self._served,
-                "pid": self._child.pid,
-                "running": self._lost is None and self._child.poll() is None,
+                "pid": self._pid,
+                "running": self._lost is None and _alive(self._pid),
                 "lost": self._lost,
             },
         }
@@ -274,28 +260,42 @@ class ProcessBackend(StorageBackend):
             future = self._pending.pop(reply.call_id, None)
             if future is not None:
                 future.set_result(reply)
-        code = self._child.poll()
-        self._lost = f"the storage process {self._child.pid} exited" + (
-            "" if code is None else f" with code {code}"
-        )
+        self._lost = f"the storage process {self._pid} exited"
         for call_id in list(self._pending):
             future = self._pending.pop(call_id, None)
             if future is not None:
                 future.set_exception(BackendUnavailableError(self._lost))
 
     def _stop(self, *, kill: bool) -> None:
+        """Ask the storage process to exit (kill it if it will not) and close the socket."""
         if not kill:
             try:
                 with self._send_lock:
                     self._conn.send(None)
             except (OSError, ValueError):
                 kill = True
-        try:
-            self._child.wait(timeout=1.0 if kill else 10.0)
-        except subprocess.TimeoutExpired:
-            self._child.kill()
-            self._child.wait()
+        reader = getattr(self, "_reader", None)
+        if not kill and reader is not None:
+            reader.join(_EXIT_S)  # the reader sees the socket close when the process exits
+            kill = reader.is_alive()
+        if kill and _alive(self._pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._pid, signal.SIGKILL)
         self._conn.close()
+
+
+_EXIT_S = 10.0
+"""How long ``close`` waits for the storage process to finish its calls and exit."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _indices(host_indices: torch.Tensor | Sequence[int]) -> np.ndarray[Any, np.dtype[np.int64]]:

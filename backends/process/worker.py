@@ -1,10 +1,10 @@
 """The storage process: builds the served backend and answers the process backend's calls.
 
-Run as ``python -m hicache_storage.backends.process.worker FD`` by
-:class:`~hicache_storage.backends.process.ProcessBackend`, ``FD`` being its end of a socket
-pair. Calls run on ``threads`` threads of this process, so they overlap as they would in the
-engine, but compete for this interpreter's GIL only with each other. It exits on a ``None``
-message or when the socket closes (the engine exited).
+Forked by the launcher (:mod:`~hicache_storage.backends.process.launcher`) for each
+:class:`~hicache_storage.backends.process.ProcessBackend`, with its end of a socket pair.
+Calls run on ``threads`` threads of this process, so they overlap as they would in the engine,
+but compete for this interpreter's GIL only with each other. It exits on a ``None`` message or
+when the socket closes (the engine exited).
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ from typing import Any
 
 import torch
 
+from hicache_storage import registry
 from hicache_storage.backend import StorageBackend
 from hicache_storage.errors import BackendError
 from hicache_storage.hostpool import UnifiedObjectPool
 from hicache_storage.hostpool.shared import map_region
 from hicache_storage.registry import get_spec
 
+from .launcher import serve_launches
 from .protocol import PoolDescription, Reply, Request, Start
 
 __all__ = ["main"]
@@ -93,15 +95,15 @@ def _portable(exc: Exception) -> Exception:
     return exc
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Serve one process backend over the socket whose descriptor is the only argument."""
-    args = sys.argv[1:] if argv is None else argv
-    conn = Connection(int(args[0]))
+def serve(fd: int) -> None:
+    """Build the backend the first message names and answer calls on socket ``fd`` until told."""
+    conn = Connection(fd)
     start: Start = conn.recv()
     try:
         backend = get_spec(start.backend).build(start.options, start.deployment)
     except Exception as exc:  # noqa: BLE001 - the engine raises it
         conn.send(Reply(-1, False, _portable(exc)))
+        conn.close()
         return
     conn.send(Reply(-1, True, backend.capabilities))
     server = _Server(conn, backend)
@@ -116,6 +118,16 @@ def main(argv: list[str] | None = None) -> None:
             calls.submit(server.serve, request)
     backend.close()
     conn.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``--launcher FD``: fork a storage process per socket sent on FD; ``FD``: serve one."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[0] == "--launcher":
+        registry.registered_backends()  # load every plugin once, before forking
+        serve_launches(int(args[1]), serve)
+    else:
+        serve(int(args[0]))
 
 
 if __name__ == "__main__":
