@@ -16,7 +16,8 @@
 # Needs the package installed and one CUDA GPU; the stores live under a temporary directory
 # removed after each step (the GPU host's disk holds 64 GiB). BENCH_ARGS (e.g. "--repeat 3" or
 # "--runs L1+L2,L1+L2+L3") is added to every step's command. L3_PROCESS=1 serves each step's file
-# backend from a storage process of its own (the `process` backend over a shared host pool).
+# backend from a storage process of its own (the `process` backend over a shared host pool),
+# serving L3_PROCESS_THREADS calls at once (default 8).
 set -euo pipefail
 out=${1:?usage: bench_engine_l3_gpu.sh OUTDIR [STEP...]}
 shift
@@ -42,7 +43,7 @@ bench() {
     while (($#)); do
       case $1 in
         --backend) backend=$2; args+=(--backend process); shift 2 ;;
-        --config) args+=(--config "{\"backend\": \"$backend\", \"options\": $2}"); shift 2 ;;
+        --config) args+=(--config "{\"backend\": \"$backend\", \"threads\": ${L3_PROCESS_THREADS:-8}, \"options\": $2}"); shift 2 ;;
         *) args+=("$1"); shift ;;
       esac
     done

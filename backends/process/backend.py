@@ -101,6 +101,7 @@ class ProcessBackend(StorageBackend):
             read_source(config.options), spec.load_config_type(), f"{spec.name} backend options"
         )
         self._config = config
+        self._served = spec.name
         self._pending: dict[int, concurrent.futures.Future[Reply]] = {}
         self._ids = itertools.count()
         self._send_lock = threading.Lock()
@@ -119,7 +120,6 @@ class ProcessBackend(StorageBackend):
             raise reply.value
         inner = reply.value
         self.capabilities = dataclasses.replace(inner, shared_host_pool=True)
-        self._served = spec.name
         self._reader = threading.Thread(
             target=self._read_replies, name="hicache-process-replies", daemon=True
         )
@@ -223,6 +223,10 @@ class ProcessBackend(StorageBackend):
 
     def _close(self) -> None:
         self._stop(kill=False)
+
+    def __repr__(self) -> str:
+        state = " closed" if self.closed else ""
+        return f"<ProcessBackend serving {self._served!r} in process {self._pid}{state}>"
 
     # -- the wire ---------------------------------------------------------------------------------
 
