@@ -109,7 +109,7 @@ def map_region(region: SharedRegion) -> torch.Tensor:
 def _pin(base: int, nbytes: int) -> None:
     if not torch.cuda.is_available():
         raise HostPoolError("pinning a shared host pool needs CUDA; pass pin_memory=False")
-    code = torch.cuda.cudart().cudaHostRegister(base, nbytes, 0)
+    code = torch.cuda.cudart().cudaHostRegister(base, nbytes, 0)  # type: ignore[no-untyped-call]
     if int(code) != 0:
         raise HostPoolError(f"cudaHostRegister of {nbytes} bytes failed (error {int(code)})")
 
@@ -118,5 +118,5 @@ def _release(base: int, fd: int, pinned: bool) -> None:
     with _lock:
         _mappings.pop(base, None)
     if pinned:
-        torch.cuda.cudart().cudaHostUnregister(base)
+        torch.cuda.cudart().cudaHostUnregister(base)  # type: ignore[no-untyped-call]
     os.close(fd)
