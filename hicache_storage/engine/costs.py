@@ -7,7 +7,10 @@ one, and prefill of the same model runs at different speeds per device and per b
 measured by the engine as it serves: :class:`CostModel` keeps exponentially weighted means of
 
 - seconds a ``batch_get_v1`` call takes per page (the storage read threads report every call);
-- seconds an existence query takes (``batch_exists``);
+- seconds an existence query takes (``batch_exists``), and the share of the pages it asked for
+  that storage held: a request whose query has not answered yet stands to gain that share of
+  its pages, so where storage rarely holds what is asked (reuse the host pool serves), nobody
+  waits for the answer;
 - seconds a forward takes, fitted as a fixed part plus a part per token it computes: what
   recomputing ``n`` more tokens in a batch costs is the per-token part (the marginal cost), not a
   forward's mean time per token, which small forwards inflate with their fixed part.
@@ -24,7 +27,10 @@ import threading
 
 from hicache_storage.errors import ConfigError
 
-__all__ = ["CostModel"]
+__all__ = ["MIN_FOUND", "CostModel"]
+
+MIN_FOUND = 0.1
+"""Least share of an unanswered query's pages the policy expects storage to hold."""
 
 
 class _Mean:
@@ -91,6 +97,7 @@ class CostModel:
         self._lock = threading.Lock()
         self._read = _Mean(weight)
         self._query = _Mean(weight)
+        self._found = _Mean(weight)
         self._fit = _Fit(_FIT_DECAY)
         self._forward = _Mean(weight)
 
@@ -102,11 +109,13 @@ class CostModel:
             with self._lock:
                 self._read.add(seconds / pages)
 
-    def observe_query(self, seconds: float) -> None:
-        """Record an existence query that took ``seconds``."""
+    def observe_query(self, seconds: float, *, asked: int = 0, found: int = 0) -> None:
+        """Record an existence query that took ``seconds``, finding ``found`` of ``asked`` pages."""
         if seconds >= 0:
             with self._lock:
                 self._query.add(seconds)
+                if asked > 0:
+                    self._found.add(min(max(found, 0), asked) / asked)
 
     def observe_forward(self, tokens: int, seconds: float) -> None:
         """Record a forward that computed ``tokens`` new tokens in ``seconds``.
@@ -134,6 +143,17 @@ class CostModel:
         """Seconds an existence query takes."""
         with self._lock:
             return self._query.value
+
+    @property
+    def found_share(self) -> float:
+        """Expected share of a query's pages storage holds: measured, at least :data:`MIN_FOUND`.
+
+        1.0 before any query answered. The floor keeps a fetch worth many pages worth waiting
+        for after a run of misses (a first round, before anything was stored).
+        """
+        with self._lock:
+            share = self._found.value
+        return 1.0 if share is None else max(share, MIN_FOUND)
 
     @property
     def compute_s_per_token(self) -> float | None:
@@ -164,6 +184,7 @@ class CostModel:
         return {
             "read_s_per_page": self.read_s_per_page,
             "query_s": self.query_s,
+            "found_share": self.found_share,
             "compute_s_per_token": self.compute_s_per_token,
             "forward_s": self.forward_s,
         }

@@ -206,6 +206,9 @@ def adaptive_wait_s(
     cheaper, and never longer in all than it would take to recompute every page it is after, so
     a slow or unmeasured store makes it no slower than recompute (up to that bound). Before a
     forward has been measured, recompute cannot be priced and the request is scheduled at once.
+    While the existence query has not answered, the gain is the share of its pages queries have
+    been finding (:attr:`CostModel.found_share`): where storage rarely holds what is asked, no
+    request waits to hear so.
 
     Parameters
     ----------
@@ -226,6 +229,8 @@ def adaptive_wait_s(
     if per_page is None:
         return None
     gain = (view.target_pages - view.read_pages) * per_page
+    if not view.queried:
+        gain *= costs.found_share
     eta = _fetch_eta_s(view, costs)
     cost = eta if eta <= block_s else max(eta, next_step_s)
     if gain <= 0 or cost >= gain or view.elapsed_s + cost >= view.target_pages * per_page:

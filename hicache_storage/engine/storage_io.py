@@ -436,7 +436,7 @@ class StorageIO:
             hits = 0
         seconds = time.monotonic() - began
         if self.costs is not None:
-            self.costs.observe_query(seconds)
+            self.costs.observe_query(seconds, asked=item.pages, found=min(hits, item.pages))
         if item._queried(min(hits, item.pages), seconds):
             self._reads.put(item)
 

@@ -17,7 +17,7 @@ import torch
 
 from hicache_storage import StorageBackend, create_backend
 from hicache_storage.engine.cache import TierCache
-from hicache_storage.engine.costs import CostModel
+from hicache_storage.engine.costs import MIN_FOUND, CostModel
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.model import LlamaModel
 from hicache_storage.engine.policies import (
@@ -68,10 +68,24 @@ def test_cost_model_knows_nothing_before_its_first_sample() -> None:
     assert model.snapshot() == {
         "read_s_per_page": None,
         "query_s": None,
+        "found_share": 1.0,
         "compute_s_per_token": None,
         "forward_s": None,
     }
     assert model.recompute_s(100) is None
+
+
+def test_the_share_queries_find_follows_them_down_to_its_floor() -> None:
+    model = CostModel(weight=0.5)
+    model.observe_query(0.01)  # a query that says nothing of pages leaves the share alone
+    assert model.found_share == 1.0
+    model.observe_query(0.01, asked=8, found=2)
+    assert model.found_share == pytest.approx(0.25)
+    model.observe_query(0.01, asked=8, found=8)
+    assert model.found_share == pytest.approx(0.625)
+    for _ in range(20):
+        model.observe_query(0.01, asked=4, found=0)
+    assert model.found_share == MIN_FOUND
 
 
 def test_cost_model_follows_its_samples_with_weighted_means() -> None:
@@ -170,6 +184,19 @@ def test_an_unanswered_query_is_priced_by_the_queries_measured() -> None:
     quick = costs(read_s_per_page=1e-4, compute_s_per_token=1e-3)
     quick.observe_query(0.002)
     assert decide(view(queried=False, elapsed_s=0.001), quick) == pytest.approx(0.002)
+
+
+def test_an_unanswered_query_is_waited_for_only_as_far_as_queries_find_pages() -> None:
+    finding = costs(read_s_per_page=1e-4, compute_s_per_token=1e-3)  # 40 ms for the 10 pages
+    missing = costs(read_s_per_page=1e-4, compute_s_per_token=1e-3)
+    for model, found in ((finding, 10), (missing, 0)):
+        model.observe_query(0.006, asked=10, found=found)
+    # Waiting 6 ms for the answer pays when queries find their pages (40 ms to gain), not when
+    # they find none (the floor: 4 ms to gain): that request is computed at once.
+    assert decide(view(queried=False), finding) == pytest.approx(0.006 + 10 * 1e-4)  # + reads
+    assert decide(view(queried=False), missing) is None
+    # Once the query has answered, its hits are what counts, whatever earlier queries found.
+    assert decide(view(queried=True), missing) is not None
 
 
 def test_a_read_in_flight_for_long_stops_new_fetches_before_any_read_returned() -> None:
