@@ -182,7 +182,6 @@ class ProcessBackend(StorageBackend):
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
         """Have the storage process read each key's object into its page of the shared pool."""
-        self.page_views(keys, host_indices)
         hits: list[bool] = self._call("batch_get_v1", list(keys), _indices(host_indices))
         return hits
 
@@ -190,7 +189,6 @@ class ProcessBackend(StorageBackend):
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
         """Have the storage process write each key's page of the shared pool."""
-        self.page_views(keys, host_indices)
         stored: list[bool] = self._call("batch_set_v1", list(keys), _indices(host_indices))
         return stored
 

@@ -18,7 +18,7 @@ from hicache_storage.backend import StorageBackend
 from hicache_storage.backends.process.launcher import launcher
 from hicache_storage.config import LayerConfig
 from hicache_storage.conformance.report import load_report, run_suite
-from hicache_storage.engine.bench import BenchConfig, run_bench
+from hicache_storage.engine.bench import run_bench
 from hicache_storage.errors import (
     BackendTimeoutError,
     BackendUnavailableError,
@@ -28,6 +28,7 @@ from hicache_storage.errors import (
 )
 from hicache_storage.hostpool import MHAHostPool
 
+from ...engine.test_bench import SMALL
 from ...helpers import assert_conforms
 
 PAGE = 4
@@ -201,25 +202,12 @@ def test_a_dead_launcher_is_replaced(tmp_path: Path) -> None:
 def test_the_engine_serves_from_a_storage_process_like_from_the_backend_itself(
     tmp_path: Path,
 ) -> None:
-    small = BenchConfig(
-        clients=4,
-        rounds=3,
-        system_tokens=12,
-        turn_tokens=(6, 12),
-        max_new_tokens=3,
-        page_size=4,
-        device_tokens=64,
-        host_tokens=96,
-        chunk_tokens=64,
-        concurrency=1,
-        prefetch_policy="wait_complete",
-    )
     direct = run_bench(
-        dataclasses.replace(small, backend="file", backend_config={"root": str(tmp_path / "a")}),
+        dataclasses.replace(SMALL, backend="file", backend_config={"root": str(tmp_path / "a")}),
         runs=["L1+L2+L3"],
     ).run("L1+L2+L3")
     served = run_bench(
-        dataclasses.replace(small, backend="process", backend_config=_served(tmp_path / "b")),
+        dataclasses.replace(SMALL, backend="process", backend_config=_served(tmp_path / "b")),
         runs=["L1+L2+L3"],
     ).run("L1+L2+L3")
     assert served.identical and served.storage_hit_tokens > 0
