@@ -641,6 +641,7 @@ class TierCache:
             call_s=call_s,
             call_pages=call_pages,
             queued_pages=self._queued_pages(fetch) if state is PrefetchState.READING else 0.0,
+            in_flight_s_per_page=self._in_flight_s_per_page(),
         )
 
     def acquire(self, lookup: Lookup, total_tokens: int) -> Lease | None:

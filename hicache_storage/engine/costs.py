@@ -17,20 +17,27 @@ measured by the engine as it serves: :class:`CostModel` keeps exponentially weig
 
 Every estimate is None until its first sample: the policy then treats what it cannot price as
 free to try but bounded by what recomputing costs, so a store is never waited on for longer than
-it would take to compute its pages. The storage threads and the scheduler update it concurrently;
-a lock makes each update atomic.
+it would take to compute its pages. The read rate is also forgotten once no read has returned
+for :data:`READ_TTL_S`: a store measured slow is not read from, so without forgetting, one slow
+spell would turn storage off for good; after it, the next fetch measures the store again. The
+storage threads and the scheduler update it concurrently; a lock makes each update atomic.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 
 from hicache_storage.errors import ConfigError
 
-__all__ = ["MIN_FOUND", "CostModel"]
+__all__ = ["MIN_FOUND", "READ_TTL_S", "CostModel"]
 
 MIN_FOUND = 0.1
 """Least share of an unanswered query's pages the policy expects storage to hold."""
+
+READ_TTL_S = 5.0
+"""Seconds after the last read returned that the measured read rate is forgotten."""
 
 
 class _Mean:
@@ -89,13 +96,19 @@ class CostModel:
     ----------
     weight
         Weight of a new sample in each mean, in ``(0, 1]``: higher follows changes faster.
+    clock
+        Monotonic seconds, for the read rate's age (:data:`READ_TTL_S`).
     """
 
-    def __init__(self, weight: float = 0.25) -> None:
+    def __init__(
+        self, weight: float = 0.25, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight <= 1:
             raise ConfigError(f"weight must be a number in (0, 1], got {weight!r}")
         self._lock = threading.Lock()
+        self._clock = clock
         self._read = _Mean(weight)
+        self._read_at = 0.0
         self._query = _Mean(weight)
         self._found = _Mean(weight)
         self._fit = _Fit(_FIT_DECAY)
@@ -107,7 +120,10 @@ class CostModel:
         """Record a read call of ``pages`` pages that took ``seconds``."""
         if pages > 0 and seconds >= 0:
             with self._lock:
+                if self._clock() - self._read_at > READ_TTL_S:
+                    self._read.value = None  # a fresh measurement, not a mean with the stale one
                 self._read.add(seconds / pages)
+                self._read_at = self._clock()
 
     def observe_query(self, seconds: float, *, asked: int = 0, found: int = 0) -> None:
         """Record an existence query that took ``seconds``, finding ``found`` of ``asked`` pages."""
@@ -134,8 +150,13 @@ class CostModel:
 
     @property
     def read_s_per_page(self) -> float | None:
-        """Seconds a read takes per page, with the reads that ran alongside it."""
+        """Seconds a read takes per page, with the reads that ran alongside it.
+
+        None before the first read returned and once none has for :data:`READ_TTL_S`.
+        """
         with self._lock:
+            if self._clock() - self._read_at > READ_TTL_S:
+                return None
             return self._read.value
 
     @property

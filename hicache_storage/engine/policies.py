@@ -138,6 +138,9 @@ class FetchView:
         Seconds the read call in flight has run and its pages (0 when none runs).
     queued_pages
         Pages of other fetches each read thread has to read before this one's.
+    in_flight_s_per_page
+        Seconds per page so far of the slowest read call in flight, this fetch's or another's
+        (0 when none runs): a lower bound on the store's speed before any call has returned.
     """
 
     queried: bool
@@ -148,20 +151,22 @@ class FetchView:
     call_s: float = 0.0
     call_pages: int = 0
     queued_pages: float = 0.0
+    in_flight_s_per_page: float = 0.0
 
 
 def _fetch_eta_s(view: FetchView, costs: CostModel) -> float:
     """Seconds until the rest of the fetch has arrived, on the measured rates.
 
     What was never measured counts as free, but a read call in flight is at least as slow as it
-    has been so far: a store that has not answered for a second is priced at a second a call.
+    has been so far: a store that has not answered for a second is priced at a second a call,
+    for this fetch's pages and for those of every fetch queued behind that call.
     """
     eta = 0.0
     if not view.queried:
         eta += max((costs.query_s or 0.0) - view.elapsed_s, 0.0)
     remaining = view.target_pages - view.read_pages
-    per_page = costs.read_s_per_page
-    read = 0.0 if per_page is None else (remaining + view.queued_pages) * per_page
+    per_page = max(costs.read_s_per_page or 0.0, view.in_flight_s_per_page)
+    read = (remaining + view.queued_pages) * per_page
     if view.call_pages > 0:
         read = max(read, remaining / view.call_pages * view.call_s)
     return eta + read

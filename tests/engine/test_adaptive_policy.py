@@ -17,7 +17,7 @@ import torch
 
 from hicache_storage import StorageBackend, create_backend
 from hicache_storage.engine.cache import TierCache
-from hicache_storage.engine.costs import MIN_FOUND, CostModel
+from hicache_storage.engine.costs import MIN_FOUND, READ_TTL_S, CostModel
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.model import LlamaModel
 from hicache_storage.engine.policies import (
@@ -101,6 +101,18 @@ def test_cost_model_follows_its_samples_with_weighted_means() -> None:
     assert model.recompute_s(50) == pytest.approx(0.05)
 
 
+def test_a_read_rate_no_read_has_renewed_for_long_is_forgotten() -> None:
+    now = [100.0]
+    model = CostModel(weight=0.5, clock=lambda: now[0])
+    model.observe_read(1, 1.0)  # a store measured slow: one second a page
+    now[0] += READ_TTL_S
+    assert model.read_s_per_page == pytest.approx(1.0)
+    now[0] += 0.001
+    assert model.read_s_per_page is None  # so a fetch may measure the store again
+    model.observe_read(1, 0.01)
+    assert model.read_s_per_page == pytest.approx(0.01)  # a fresh rate, not a mean with 1 s
+
+
 def test_recompute_is_priced_at_the_marginal_cost_of_a_token() -> None:
     model = CostModel()
     for tokens in (64, 8192, 200, 4096, 64, 1024):  # 20 ms a forward + 0.1 ms a token
@@ -153,6 +165,14 @@ def test_a_read_in_flight_for_long_prices_an_unmeasured_store() -> None:
     model = costs(read_s_per_page=None, compute_s_per_token=1e-3)
     assert decide(view(call_s=0.001, call_pages=10), model) is not None
     assert decide(view(call_s=0.05, call_pages=10), model) is None  # one call > all of it
+
+
+def test_a_fetch_queued_behind_a_slow_call_in_flight_is_not_waited_for() -> None:
+    model = costs(read_s_per_page=None, compute_s_per_token=1e-3)  # 4 ms to compute a page
+    # Its own read has not started: the call ahead of it, in flight for 10 ms a page so far,
+    # prices the store before any read has returned.
+    assert decide(view(queued_pages=5, in_flight_s_per_page=1e-4), model) is not None
+    assert decide(view(queued_pages=5, in_flight_s_per_page=0.01), model) is None
 
 
 def test_reads_queued_ahead_count_against_the_fetch() -> None:

@@ -37,10 +37,10 @@ def _value(key: str) -> bytes:
     return (seed * (SLOT // len(seed) + 1))[:SLOT]
 
 
-def _writer(options: dict[str, Any], keys: list[str], stop_at: float, seed: int) -> None:
+def _writer(options: dict[str, Any], keys: list[str], stop: Any, seed: int) -> None:
     rng = random.Random(seed)
     with create_backend("3fs", options) as backend:
-        while time.time() < stop_at:
+        while not stop.is_set():
             batch = rng.sample(keys, 4)
             backend.batch_set(batch, [_value(key) for key in batch])
             if rng.random() < 0.3:
@@ -64,9 +64,11 @@ def test_writers_paused_past_their_lease_never_give_wrong_bytes(
     options = _options(fast_lease_service, tmp_path / "kv", io_threads=1)
     keys = [f"k{i}" for i in range(96)]
     context = multiprocessing.get_context("spawn")
-    stop_at = time.time() + 12.0
+    stop = context.Event()
+    # Until enough pauses and reads have happened, however slowly the writers start here.
+    give_up_at = time.time() + 60.0
     writers = [
-        context.Process(target=_writer, args=(options, keys, stop_at, seed)) for seed in range(3)
+        context.Process(target=_writer, args=(options, keys, stop, seed)) for seed in range(3)
     ]
     for process in writers:
         process.start()
@@ -75,7 +77,7 @@ def test_writers_paused_past_their_lease_never_give_wrong_bytes(
     try:
         with create_backend("3fs", options) as reader:
             next_pause = time.time() + 1.0
-            while time.time() < stop_at - 1.0:
+            while time.time() < give_up_at and (pauses < 10 or reads <= 200 or hits <= 20):
                 if time.time() >= next_pause:
                     victim = writers[pauses % len(writers)]
                     assert victim.pid is not None
@@ -92,6 +94,7 @@ def test_writers_paused_past_their_lease_never_give_wrong_bytes(
                     wrong += bytes(got) != _value(key)
             stats = reader.stats()
     finally:
+        stop.set()
         for process in writers:
             if process.pid is not None and process.is_alive():
                 os.kill(process.pid, signal.SIGCONT)
