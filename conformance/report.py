@@ -353,12 +353,17 @@ def run_suite(
         if output is not None:
             streams = {"stdout": output, "stderr": subprocess.STDOUT}
         with subprocess.Popen(command, cwd=workdir, **streams) as suite:
-            while reader is not None:
-                try:
-                    suite.wait(timeout=_POLL_S)
-                except subprocess.TimeoutExpired:
-                    reader.poll()
-                else:
-                    reader.poll()
-                    break
+            try:
+                while reader is not None:
+                    try:
+                        suite.wait(timeout=_POLL_S)
+                    except subprocess.TimeoutExpired:
+                        reader.poll()
+                    else:
+                        reader.poll()
+                        break
+            except BaseException:  # interrupted (Ctrl-C, a test's time limit): no orphan suite
+                suite.kill()
+                suite.wait()
+                raise
         return suite.wait()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -118,3 +119,23 @@ def assert_conforms(
         else:
             assert check.outcome == "passed", check
             assert not unclaimed, f"{check.id} ran although {unclaimed} is not claimed"
+
+
+def assert_builtin_passes(
+    tmp_path: Path, name: str, options: dict[str, object] | None, claims_bounded: bool
+) -> None:
+    """Run the suite on a built-in backend; assert its report, its skips and its claims."""
+    from hicache_storage.conformance.report import load_report, run_suite
+
+    config = None if options is None else {"root": str(tmp_path / "store"), **options}
+    report_dir = tmp_path / "report"
+    assert run_suite(name, config, report_dir) == 0
+    report = load_report(report_dir)
+    assert report.backend == name and report.version
+    assert ("bounded" in report.capabilities) is claims_bounded
+    assert (report_dir / "report.md").read_text().startswith(f"# Conformance report: `{name}`")
+    bare = (options or {}).get("naming") == "sglang_file_compat"  # no integrity record
+    assert_conforms(report, integrity=name == "file" and not bare, medium_faults=name == "file")
+    skipped = {c.id for c in report.checks if c.outcome == "skipped"}
+    bounded = {c.id for c in report.checks if "bounded" in c.requires}
+    assert bounded and (bounded <= skipped) is not claims_bounded

@@ -5,9 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from hicache_storage.conformance.report import load_report, run_suite
 
 from ...helpers import assert_conforms
+
+pytestmark = pytest.mark.timeout(900)
+"""A whole suite over a server takes 3-5 minutes on the 2-core CI machine."""
 
 
 def _passes(config: dict[str, Any], report_dir: Path, claims: set[str]) -> None:

@@ -66,6 +66,7 @@ def bare(tmp_path: Path) -> Iterator[StorageBackend]:
     backend.close()
 
 
+@pytest.mark.timeout(900)
 def test_file_served_from_a_process_passes_the_suite(tmp_path: Path) -> None:
     config = _served(tmp_path / "store")
     assert run_suite("process", config, tmp_path / "report") == 0

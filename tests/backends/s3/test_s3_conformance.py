@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from hicache_storage.conformance.provision import LocalService
 from hicache_storage.conformance.report import load_report, run_suite
 
 from ...helpers import assert_conforms
+
+pytestmark = pytest.mark.timeout(900)
+"""A whole suite over a server takes 3-5 minutes on the 2-core CI machine."""
 
 
 def test_s3_passes_suite_with_server_faults(s3_service: LocalService, tmp_path: Path) -> None:
