@@ -119,11 +119,12 @@ class CostModel:
     def observe_read(self, pages: int, seconds: float) -> None:
         """Record a read call of ``pages`` pages that took ``seconds``."""
         if pages > 0 and seconds >= 0:
+            now = self._clock()
             with self._lock:
-                if self._clock() - self._read_at > READ_TTL_S:
+                if now - self._read_at > READ_TTL_S:
                     self._read.value = None  # a fresh measurement, not a mean with the stale one
                 self._read.add(seconds / pages)
-                self._read_at = self._clock()
+                self._read_at = now
 
     def observe_query(self, seconds: float, *, asked: int = 0, found: int = 0) -> None:
         """Record an existence query that took ``seconds``, finding ``found`` of ``asked`` pages."""
