@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Set up (servers included), lint, type-check and run the whole test suite: the command CI runs.
+# The vLLM tests run last, in .venv-vllm (scripts/setup-vllm.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/setup-servers.sh
 bash scripts/setup-sglang.sh
+bash scripts/setup-vllm.sh
 # The third-party example package: tests/test_example_thirdparty.py needs its entry point.
 .venv/bin/python -m pip install -q -e examples/thirdparty --no-deps --no-build-isolation
 .venv/bin/ruff check .
@@ -12,3 +14,7 @@ bash scripts/setup-sglang.sh
 bash scripts/typecheck.sh
 bash scripts/docs.sh
 .venv/bin/python -m pytest "$@"
+# tests/vllm: real vLLM on CPU, in its own venv (the run above leaves that folder out). Engines log
+# a lot, so passed tests' output is not replayed.
+.venv-vllm/bin/python -m pytest tests/vllm -p no:cacheprovider \
+  -o addopts="-ra --strict-markers --durations=15"

@@ -15,9 +15,7 @@ from .conftest import Generations, served, tokens
 PROMPTS = harness.prompts(2, 200, 40, seed=4)
 
 
-@pytest.mark.parametrize(
-    "name", ["redis", "redis-cluster", "s3", "mooncake", "3fs", "fsspec"]
-)
+@pytest.mark.parametrize("name", ["redis", "redis-cluster", "s3", "mooncake", "3fs", "fsspec"])
 def test_fresh_engine_served_by(
     name: str,
     model: Path,

@@ -28,9 +28,7 @@ def start(model: Path, tier: dict[str, Any], **kwargs: Any) -> None:
         ({"backend": "memory", "read_threads": 0}, "read_threads"),
     ],
 )
-def test_bad_tier_config_fails_start_up(
-    model: Path, tier: dict[str, Any], message: str
-) -> None:
+def test_bad_tier_config_fails_start_up(model: Path, tier: dict[str, Any], message: str) -> None:
     with pytest.raises(Exception, match=re.escape(message)) as info:
         start(model, tier)
     assert type(info.value).__module__.startswith("hicache_storage"), repr(info.value)

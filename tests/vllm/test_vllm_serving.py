@@ -52,9 +52,7 @@ def test_two_engines_share_one_store_at_once(
     tier = {"backend": "file", "options": {"root": str(tmp_path / "store")}}
     config = harness.kv_transfer_config(tier)
     first, second = harness.prompts(2, 160, 40, seed=2), harness.prompts(2, 160, 40, seed=3)
-    engines = [
-        harness.run_detached(model, [config], batch, env=ENV) for batch in (first, second)
-    ]
+    engines = [harness.run_detached(model, [config], batch, env=ENV) for batch in (first, second)]
     results = [harness.detached_result(process)[0] for process in engines]
     assert tokens(results[0]) == tokens(baseline(first))
     assert tokens(results[1]) == tokens(baseline(second))
@@ -78,7 +76,7 @@ def test_altered_bytes_change_the_output(
     config = harness.kv_transfer_config(tier)
     with harness.engine(model, config) as llm:
         harness.generate(llm, PROMPTS)
-    objects = [path for path in store.rglob("*") if path.is_file() and path.name.startswith("vllm-")]
+    objects = [path for path in store.rglob("vllm-*") if path.is_file()]
     assert objects
     for path in objects:
         data = bytearray(path.read_bytes())

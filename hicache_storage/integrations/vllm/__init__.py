@@ -12,14 +12,18 @@ any registered backend::
                                  "module_path": "hicache_storage.integrations.vllm",
                                  "backend": "redis", "options": {"url": "redis://h:6379/0"}}]}}'
 
-This package is the only place that imports vLLM; :mod:`.tier` holds the tier,
-:mod:`.namespace` what a chunk's bytes mean, :mod:`.cpu` a worker that lets the offloading
-path run on a CPU-only vLLM (tests), :mod:`.harness` the end-to-end checks.
+This package is the only place that imports vLLM: :mod:`.tier` holds the tier (imported on
+first use of ``HiCacheTier``, so the settings and keys can be checked without vLLM),
+:mod:`.config` its settings, :mod:`.namespace` what a chunk's bytes mean, :mod:`.cpu` a worker
+that lets the offloading path run on a CPU-only vLLM (tests), :mod:`.harness` the end-to-end
+checks.
 """
 
 from __future__ import annotations
 
 from hicache_storage.integrations.vllm.config import TIER_KEYS, TierSettings, tier_settings
-from hicache_storage.integrations.vllm.tier import HiCacheTier
+from hicache_storage.lazy import lazy_exports
 
 __all__ = ["TIER_KEYS", "HiCacheTier", "TierSettings", "tier_settings"]
+
+__getattr__, __dir__ = lazy_exports(__name__, {"HiCacheTier": ".tier"})

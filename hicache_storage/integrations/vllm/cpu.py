@@ -93,6 +93,7 @@ class CopyWorker(OffloadingWorker):  # type: ignore[misc]  # vLLM ships no type 
         return self._transfer(job_id, dst_spec, src_spec, store=False)
 
     def get_finished(self) -> list[TransferResult]:
+        """Transfers finished since the last call (all of them: each finished when submitted)."""
         finished, self._finished = self._finished, []
         return finished
 
@@ -100,6 +101,7 @@ class CopyWorker(OffloadingWorker):  # type: ignore[misc]  # vLLM ships no type 
         """Every transfer finished when it was submitted."""
 
     def shutdown(self) -> None:
+        """Let go of the tensors over the shared region, then unmap it."""
         if self._region is not None:
             self._pairs.clear()
             self._region.cleanup()
@@ -109,7 +111,10 @@ class CopyWorker(OffloadingWorker):  # type: ignore[misc]  # vLLM ships no type 
 class CPUTieringSpec(TieringOffloadingSpec):  # type: ignore[misc]  # vLLM ships no type information
     """``TieringOffloadingSpec`` with :class:`CopyWorker` as its worker (runs without a GPU)."""
 
+    _worker: OffloadingWorker | None
+
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        """Map this worker's slot of the primary tier's shared region; copy with torch."""
         if self._worker is None:
             region = SharedOffloadRegion(
                 engine_id=self._engine_id,

@@ -1,5 +1,7 @@
-"""Drive real vLLM with a :class:`~hicache_storage.integrations.vllm.HiCacheTier`: the pieces
-the project's vLLM tests use, importable so a backend author can run them on their own backend.
+"""Drive real vLLM with a :class:`~hicache_storage.integrations.vllm.HiCacheTier`.
+
+These are the pieces the project's vLLM tests use, importable so that a backend author can run
+them on their own backend.
 
 - :func:`write_tiny_model`: a tiny Llama (``config.json`` + seeded random ``model.safetensors``)
   that vLLM loads on a CPU without a tokenizer; random weights give outputs that differ per
@@ -141,8 +143,10 @@ def kv_transfer_config(
     cpu_worker: bool | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """VLLM's KV transfer config with ``tier`` (our keys: ``backend``, ``options`` ...) as the
-    secondary tier of a ``cpu_bytes`` primary tier; ``tier=None`` gives the primary tier only.
+    """Build vLLM's KV transfer config with ``tier`` as the secondary tier.
+
+    ``tier`` holds our keys (``backend``, ``options`` ...); ``cpu_bytes`` sizes vLLM's primary
+    tier, and ``tier=None`` gives the primary tier alone.
 
     ``cpu_worker`` selects :class:`~hicache_storage.integrations.vllm.cpu.CPUTieringSpec`;
     ``None`` picks it when no GPU is visible.
@@ -247,9 +251,10 @@ def generate(
 
 
 def tiers(llm: Any) -> list[Any]:
-    """The :class:`~hicache_storage.integrations.vllm.HiCacheTier` objects of an in-process
-    engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): their ``stats()`` count loads, stores and
-    the backend's errors."""
+    """Return the tiers of an in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
+
+    Their ``stats()`` count loads, stores and the backend's errors.
+    """
     from hicache_storage.integrations.vllm.tier import HiCacheTier
 
     core = llm.llm_engine.engine_core.engine_core
@@ -267,14 +272,16 @@ def run_detached(
     timeout: float = 600,
     **engine_kwargs: Any,
 ) -> subprocess.Popen[str]:
-    """Start engines in a process of their own (``python -m`` this module), for engines that
-    must run beside others or with several workers (``tensor_parallel_size=2``).
+    """Start engines in a process of their own (``python -m`` this module).
+
+    For engines that must run beside others or with several workers
+    (``tensor_parallel_size=2``).
 
     One fresh engine per entry of ``kv_transfers`` (``None``: no offloading), one after another,
     each generating for every prompt; :func:`detached_result` collects their generations.
     """
-    out = tempfile.NamedTemporaryFile(prefix="hicache-vllm-", suffix=".json", delete=False)
-    out.close()
+    with tempfile.NamedTemporaryFile(prefix="hicache-vllm-", suffix=".json", delete=False) as out:
+        pass
     job = {
         "out": out.name,
         "model": str(model),
@@ -333,8 +340,10 @@ def _detached_main() -> None:
 
 
 def remove_shared_regions(engine_id: str) -> None:
-    """Remove the primary tier's ``/dev/shm`` files an engine left (vLLM unlinks them only when
-    its workers meet at a barrier, which the CPU path has not)."""
+    """Remove the primary tier's ``/dev/shm`` files an engine left.
+
+    vLLM unlinks them only when its workers meet at a barrier, which the CPU path has not.
+    """
     for path in glob.glob(f"/dev/shm/vllm_offload_{engine_id}*.mmap"):
         with contextlib.suppress(OSError):
             os.unlink(path)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping
-from typing import Any
 
 import msgspec
 
@@ -84,10 +83,5 @@ def hash_setting(algo: str, env: Mapping[str, str] | None = None) -> str:
 
 
 def chunk_key(digest: str, offload_key: bytes) -> str:
-    """The store key of the chunk vLLM names ``offload_key`` (block hash + group index)."""
+    """Return the store key of the chunk vLLM names ``offload_key`` (block hash + group)."""
     return f"vllm-{digest}-{offload_key.hex()}"
-
-
-def describe(fmt: ChunkFormat) -> dict[str, Any]:
-    """The format as plain data, for logs and error messages."""
-    return msgspec.to_builtins(fmt)  # type: ignore[no-any-return]

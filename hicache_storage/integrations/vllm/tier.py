@@ -12,6 +12,7 @@ chunks), a store that fails is a chunk not kept.
 
 from __future__ import annotations
 
+import functools
 import gc
 import inspect
 import logging
@@ -53,7 +54,7 @@ logger = logging.getLogger(__name__)
 
 
 def _attention_layout(vllm_config: Any, block_size: int) -> str:
-    """The byte order the attention kernel gives a block; on CPU it depends on the ISA."""
+    """Name the byte order the attention kernel gives a block; on CPU it depends on the ISA."""
     if not current_platform.is_cpu():
         return "-"
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
@@ -67,7 +68,7 @@ def _attention_layout(vllm_config: Any, block_size: int) -> str:
 
 
 def _engine_config() -> Any:
-    """The engine's ``VllmConfig``: the current one, else the one the connector was built with.
+    """Find the engine's ``VllmConfig``: the current one, else the connector's.
 
     vLLM gives a secondary tier only the offloading config, which lacks the block-hash algorithm
     and the attention geometry; the scheduler that builds the tier holds the whole config.
@@ -132,7 +133,7 @@ def chunk_format(spec: OffloadingSpec, row_bytes: int) -> ChunkFormat:
 
 
 def _adopt_rows(view: memoryview) -> MLAHostPool:
-    """A host pool over vLLM's primary tier, in place: page *i* is chunk row *i*.
+    """Adopt vLLM's primary tier in place as a host pool: page *i* is chunk row *i*.
 
     The pool sees each row as one "token" of one opaque region, so a backend moves a whole
     chunk (every worker's bytes, as vLLM lays them out) as one contiguous page object.
@@ -175,7 +176,10 @@ class HiCacheTier(SecondaryTierManager):  # type: ignore[misc]  # vLLM ships no 
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         settings = tier_settings(entry)
         self.locality = None if settings.locality is None else Locality(settings.locality)
-        num_chunks, row_bytes = primary_kv_view.shape
+        shape = primary_kv_view.shape
+        if shape is None or len(shape) != 2:
+            raise ConfigError(f"vLLM's primary tier view has shape {shape}, not (chunks, bytes)")
+        num_chunks, row_bytes = shape
         self.format = chunk_format(offloading_spec, row_bytes)
         self._digest = self.format.digest
         backend = open_backend(settings.hicache)
@@ -232,9 +236,11 @@ class HiCacheTier(SecondaryTierManager):  # type: ignore[misc]  # vLLM ships no 
         self._lookups.flush()
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        """Offload each request's chunks as vLLM computes them (its default policy)."""
         return RequestOffloadingContext()
 
     def on_request_finished(self, req_context: ReqContext) -> None:
+        """Drop the request's lookup bookkeeping (queries in flight still finish)."""
         self._lookups.cleanup(req_context.req_id)
 
     # -- transfers (the tier's threads) ---------------------------------------------------------
@@ -257,9 +263,9 @@ class HiCacheTier(SecondaryTierManager):  # type: ignore[misc]  # vLLM ships no 
         with self._lock:
             future = pool.submit(work, job.job_id, keys, self._indices(job.chunk_ids))
             self._in_flight[job.job_id] = future
-        future.add_done_callback(lambda _, job_id=job.job_id: self._done(job_id))
+        future.add_done_callback(functools.partial(self._done, job.job_id))
 
-    def _done(self, job_id: int) -> None:
+    def _done(self, job_id: int, _: Future[None]) -> None:
         with self._lock:
             self._in_flight.pop(job_id, None)
 
@@ -290,13 +296,15 @@ class HiCacheTier(SecondaryTierManager):  # type: ignore[misc]  # vLLM ships no 
             loaded = [False] * len(keys)
         ok = sum(loaded)
         self._count(loaded=ok, load_failed=len(keys) - ok)
-        failed = [key for key, hit in zip(keys, loaded) if not hit]
+        failed = [key for key, hit in zip(keys, loaded, strict=True) if not hit]
         self._finished.put(
             JobResult(
                 job_id=job_id,
                 success=not failed,
                 successful_keys=(
-                    tuple(key for key, hit in zip(keys, loaded) if hit) or None if failed else None
+                    tuple(key for key, hit in zip(keys, loaded, strict=True) if hit) or None
+                    if failed
+                    else None
                 ),
                 transfer_time=time.perf_counter() - start,
                 transfer_bytes=ok * self.block_size_bytes,
@@ -348,8 +356,9 @@ class HiCacheTier(SecondaryTierManager):  # type: ignore[misc]  # vLLM ships no 
         return {**counts, "backend": backend.stats() if backend else self._backend_stats}
 
     def shutdown(self) -> None:
-        """Finish running jobs, stop the threads, close the backend and let go of the primary
-        tier's memory (vLLM unmaps it next); idempotent.
+        """Finish running jobs, stop the threads, close the backend; idempotent.
+
+        The tier also lets go of the primary tier's memory, which vLLM unmaps next.
         """
         if self._closed:
             return
