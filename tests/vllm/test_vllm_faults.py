@@ -72,11 +72,23 @@ def test_corrupted_objects_are_misses(
 def test_store_that_fills_up(
     model: Path, baseline: Callable[[Sequence[Sequence[int]]], Generations], tmp_path: Path
 ) -> None:
-    """A store bounded to 4 chunks keeps the newest; nothing fails, tokens stay right."""
+    """A store bounded to 8 chunks keeps the newest; nothing fails, tokens stay right.
+
+    The cold engine stores 3 prompts of 7 chunks; the bound keeps the last prompt's. The fresh
+    engine is served that prompt and recomputes (and stores, evicting again) the others.
+    """
     batch = [harness.prompts(1, 200, 40, seed=30 + i)[0] for i in range(3)]
-    options = {"root": str(tmp_path / "store"), "max_bytes": 4 * 65_600, "low_watermark": 0.5}
-    cold, warm, stats = served(model, {"backend": "file", "options": options}, batch)
-    assert tokens(cold) == tokens(warm) == tokens(baseline(batch))
-    assert stats["backend"]["bytes"] <= 4 * 65_600
-    assert stats["backend"]["evictions"] > 0 or stats["stored"] > 0
-    assert stats["backend"]["degraded"]["total"] == 0
+    bound = 8 * (64 * 1024 + 32)  # 8 chunks with their integrity records
+    options = {"root": str(tmp_path / "store"), "max_bytes": bound}
+    config = harness.kv_transfer_config({"backend": "file", "options": options})
+    with harness.engine(model, config) as llm:
+        cold = [harness.generate(llm, [p])[0] for p in batch]
+    with harness.engine(model, config) as llm:
+        warm = [harness.generate(llm, [p])[0] for p in reversed(batch)]
+        (tier,) = harness.tiers(llm)
+        stats = tier.stats()
+    assert tokens(cold) == tokens(warm[::-1]) == [g.tokens for p in batch for g in baseline([p])]
+    assert [g.cached_tokens for g in warm] == [224, 0, 0]
+    assert stats["backend"]["bytes"] <= bound
+    assert stats["backend"]["evictions"] >= 13  # 7 + 14 chunks into room for 8
+    assert stats["store_failed"] == 0 and stats["backend"]["degraded"]["total"] == 0
