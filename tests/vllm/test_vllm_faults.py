@@ -12,7 +12,7 @@ from hicache_storage.backends.redis import provision as redis_provision
 from hicache_storage.conformance.provision import LocalService
 from hicache_storage.integrations.vllm import harness
 
-from .conftest import Generations, served, tokens
+from .conftest import Generations, tokens
 
 PROMPTS = harness.prompts(2, 200, 40, seed=5)
 
