@@ -30,7 +30,7 @@ The cases, each a row of the :class:`EngineReport`:
 ``failed_loads``
     Reads, writes and existence queries failing at random (the fault layer): misses.
 ``server_stop`` / ``server_pause``
-    With a :class:`~hicache_storage.conformance.server.ServerControl`: the server is stopped (or
+    With a :class:`~hicache_storage.kit.services.ServerControl`: the server is stopped (or
     paused) mid-run, every request still finishes in time, and after a restart storage serves
     again. ``server_pause`` needs a pausable control and runs only when named in ``cases``.
 
@@ -67,7 +67,6 @@ from hicache_storage.backend import StorageBackend
 from hicache_storage.config import FaultConfig, FaultRule, LayerConfig
 from hicache_storage.conformance.checks.common import SHARED_POOLS
 from hicache_storage.conformance.report import Outcome
-from hicache_storage.conformance.server import PausableServerControl, ServerControl
 from hicache_storage.engine.cache import CacheConfig, TierCache
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.model import LlamaModel, ModelConfig
@@ -78,6 +77,7 @@ from hicache_storage.errors import ConfigError, UnsupportedOperationError
 from hicache_storage.hostpool import MHAHostPool
 from hicache_storage.kernels import DevicePool
 from hicache_storage.keys import RankSuffixScheme
+from hicache_storage.kit.services import PausableServerControl, ServerControl
 from hicache_storage.layers import ForwardingBackend
 
 __all__ = [

@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    import click
+
     from .backend import StorageBackend
-    from .conformance.server import ServerControl
+    from .kit.services import ServerControl
     from .registry import BackendSpec
 
 __all__ = ["PROJECT", "hookimpl", "hookspec"]
@@ -28,6 +30,14 @@ def hicache_backends() -> list[BackendSpec]:  # type: ignore[empty-body]
     """Return the backends this plugin provides."""
 
 
+@hookspec
+def hicache_cli_commands() -> list[click.Command]:  # type: ignore[empty-body]
+    """Return commands this plugin adds to the ``hicache`` CLI (say, a server its backend needs).
+
+    A name the CLI already has, or an earlier plugin took, is not replaced.
+    """
+
+
 @hookspec(firstresult=True)
 def hicache_conformance_server(name: str, options: dict[str, Any]) -> ServerControl | None:
     """Return a handle that stops and restarts the server behind backend ``name``, or ``None``.
@@ -35,7 +45,7 @@ def hicache_conformance_server(name: str, options: dict[str, Any]) -> ServerCont
     The conformance suite asks for it to check that, with the server down, every call answers a
     miss within the backend's timeout, and that the backend recovers once the server is back.
     ``options`` are the backend options under test. The handle has ``stop()`` and ``start()``
-    (see :class:`hicache_storage.conformance.server.ServerControl`); it may also carry a
+    (see :class:`hicache_storage.kit.services.ServerControl`); it may also carry a
     ``timeout_s`` attribute, the longest a call may take while the server is down.
     """
 

@@ -43,6 +43,7 @@ __all__ = [
     "get_spec",
     "hookimpl",
     "origin_of",
+    "plugin_manager",
     "register_plugin",
     "unregister_plugin",
 ]
@@ -328,6 +329,11 @@ def origin_of(name: str) -> Origin | None:
 def broken_plugins() -> tuple[BrokenPlugin, ...]:
     """Return the plugins skipped because they failed to load, with their errors."""
     return _REGISTRY.broken()
+
+
+def plugin_manager() -> pluggy.PluginManager:
+    """Return the plugin manager with every plugin loaded: its ``hook`` calls their hooks."""
+    return _REGISTRY.manager()
 
 
 def register_plugin(plugin: object, name: str | None = None) -> None:

@@ -9,17 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from hicache_storage.conformance.provision import (
+from hicache_storage.conformance.server import find_server_control
+from hicache_storage.errors import BackendUnavailableError
+from hicache_storage.kit.services import (
     SERVICES_ENV,
     LocalService,
     ProcessSpec,
+    ServerControl,
     ServiceState,
     free_port,
     port_open,
     publish,
 )
-from hicache_storage.conformance.server import ServerControl, find_server_control
-from hicache_storage.errors import BackendUnavailableError
 
 
 def http_service(tmp_path: Path, port: int) -> LocalService:
@@ -53,7 +54,7 @@ def test_restart_elsewhere_is_stopped_by_the_owner(tmp_path: Path) -> None:
     owner.start()
     try:
         script = (
-            "import sys; from hicache_storage.conformance.provision import LocalService;"
+            "import sys; from hicache_storage.kit.services import LocalService;"
             "s = LocalService.load(sys.argv[1]); s.stop(); s.start()"
         )
         subprocess.run([sys.executable, "-c", script, str(owner.state_file)], check=True)

@@ -4,7 +4,7 @@ Objects live in the segments clients mount, and a client's ``close()`` drops the
 segment. So the test store is a ``mooncake_master`` plus one ``mooncake_client`` process that
 only holds a segment; test clients mount none (``global_segment_size=0``) and their data
 outlives them. Both binaries ship inside the mooncake wheel. Everything binds 127.0.0.1 on free
-ports and is stopped by PID (:mod:`hicache_storage.conformance.provision`).
+ports and is stopped by PID (:mod:`hicache_storage.kit.services`).
 
 Only the master's service is published for the conformance suite's fault checks: stopping or
 pausing it is the outage (the holder stays up and re-mounts its segment when the master returns).
@@ -23,14 +23,14 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from hicache_storage.conformance.provision import (
+from hicache_storage.errors import BackendUnavailableError, MissingDependencyError
+from hicache_storage.kit.services import (
     LocalService,
     ProcessSpec,
     ServiceState,
     free_port,
     publish,
 )
-from hicache_storage.errors import BackendUnavailableError, MissingDependencyError
 
 from .config import DEFAULT_DEADLINE_S
 

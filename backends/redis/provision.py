@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hicache_storage.conformance.provision import (
+from hicache_storage.errors import BackendUnavailableError
+from hicache_storage.kit.services import (
     LocalService,
     ProcessSpec,
     ServiceState,
     free_port,
 )
-from hicache_storage.errors import BackendUnavailableError
 
 __all__ = ["TEST_PASSWORD", "cluster", "standalone", "wait_ready"]
 

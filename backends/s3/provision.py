@@ -1,7 +1,7 @@
 """A local SeaweedFS ``weed mini`` S3 server for tests and benchmarks, started and stopped by PID.
 
 :func:`seaweedfs` describes the server as a
-:class:`~hicache_storage.conformance.provision.LocalService`: one ``weed mini`` process bound to
+:class:`~hicache_storage.kit.services.LocalService`: one ``weed mini`` process bound to
 127.0.0.1 on free ports (master, volume, filer, S3, admin; each one's gRPC port, +10000, free
 too), telemetry off, the WebDAV, Iceberg and Lance gateways off, bucket auto-creation off (so a
 missing bucket stays missing), test credentials from its environment and one bucket created at
@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hicache_storage.conformance.provision import LocalService, ProcessSpec, ServiceState, free_port
 from hicache_storage.errors import BackendUnavailableError, MissingDependencyError
+from hicache_storage.kit.services import LocalService, ProcessSpec, ServiceState, free_port
 
 __all__ = [
     "TEST_ACCESS_KEY",

@@ -727,6 +727,6 @@ async def _run(
 
 
 if __name__ == "__main__":
-    from hicache_storage.cli.metadata_server import metadata_server_command
+    from hicache_storage.backends.threefs.command import metadata_server_command
 
     metadata_server_command()

@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+import click
+
 from hicache_storage.capabilities import Capabilities
 from hicache_storage.registry import BackendSpec, hookimpl
 
 if TYPE_CHECKING:
     from hicache_storage.backend import StorageBackend
 
-__all__ = ["SPEC", "hicache_backends", "hicache_conformance_corrupt"]
+__all__ = ["SPEC", "hicache_backends", "hicache_cli_commands", "hicache_conformance_corrupt"]
 
 SPEC = BackendSpec(
     name="3fs",
@@ -36,6 +38,14 @@ SPEC = BackendSpec(
 def hicache_backends() -> list[BackendSpec]:
     """Provide the 3FS backend."""
     return [SPEC]
+
+
+@hookimpl
+def hicache_cli_commands() -> list[click.Command]:
+    """Add ``hicache metadata-server``, the shared key -> slot map of 3FS instances."""
+    from .command import metadata_server_command
+
+    return [metadata_server_command]
 
 
 @hookimpl

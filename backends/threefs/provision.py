@@ -1,7 +1,7 @@
 """A local metadata service for tests and benchmarks (the 3FS data files need no server).
 
 ``metadata_service(workdir)`` describes a ``hicache metadata-server`` on a free port of
-127.0.0.1 as a :class:`~hicache_storage.conformance.provision.LocalService`; start and stop it
+127.0.0.1 as a :class:`~hicache_storage.kit.services.LocalService`; start and stop it
 with ``with service:``, and ``publish(service)`` lets the conformance suite's server-fault checks
 stop and restart it. Its ``options`` (``metadata_url`` and, with a token, ``metadata_token``) are
 what a 3FS backend config needs to reach it. It counts as started once it accepts writes: a
@@ -18,13 +18,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-from hicache_storage.conformance.provision import (
+from hicache_storage.errors import BackendUnavailableError
+from hicache_storage.kit.services import (
     LocalService,
     ProcessSpec,
     ServiceState,
     free_port,
 )
-from hicache_storage.errors import BackendUnavailableError
 
 __all__ = ["metadata_service", "wait_ready"]
 

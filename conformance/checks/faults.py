@@ -33,11 +33,7 @@ from hicache_storage.conformance.checks.common import (
 )
 from hicache_storage.conformance.factory import BackendFactory
 from hicache_storage.conformance.fixtures import Keyspace, cleanup
-from hicache_storage.conformance.server import (
-    PausableServerControl,
-    ServerControl,
-    find_server_control,
-)
+from hicache_storage.conformance.server import find_server_control
 from hicache_storage.errors import (
     BackendError,
     BackendTimeoutError,
@@ -45,6 +41,7 @@ from hicache_storage.errors import (
     UnsupportedOperationError,
 )
 from hicache_storage.kit import FAULT_KINDS, MediumFaults
+from hicache_storage.kit.services import PausableServerControl, ServerControl
 from hicache_storage.layers import ForwardingBackend
 
 __all__ = ["server_control", "TestFaults", "TestMediumFaults", "TestServerFaults"]

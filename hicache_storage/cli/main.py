@@ -9,18 +9,29 @@ from typing import Any, TextIO
 import click
 
 from ..errors import HiCacheError
-from ..registry import PluginLoadWarning
+from ..registry import PluginLoadWarning, plugin_manager
 from .backends import backends_command
 from .bench import bench_command
 from .check import check_command
 from .engine import engine_group
-from .metadata_server import metadata_server_command
 
 __all__ = ["main"]
 
 
 class _Group(click.Group):
-    """A group that turns library errors into a one-line message and exit status 2."""
+    """A group that turns library errors into a one-line message and exit status 2.
+
+    Besides its own commands it offers those that plugins add (``hicache_cli_commands``), looked
+    up when a command is asked for, so a run that needs none never loads them.
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        """Our commands and the plugins', sorted."""
+        return sorted({*super().list_commands(ctx), *_plugin_commands()})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """Our command of that name, else a plugin's."""
+        return super().get_command(ctx, cmd_name) or _plugin_commands().get(cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
         """Run the subcommand; report a :class:`HiCacheError` without a traceback."""
@@ -31,6 +42,16 @@ class _Group(click.Group):
             except HiCacheError as exc:
                 click.echo(f"error: {exc}", err=True)
                 ctx.exit(2)
+
+
+def _plugin_commands() -> dict[str, click.Command]:
+    """Collect the commands plugins add, by name (the first plugin to take a name keeps it)."""
+    commands: dict[str, click.Command] = {}
+    for provided in plugin_manager().hook.hicache_cli_commands():
+        for command in provided:
+            if command.name is not None:
+                commands.setdefault(command.name, command)
+    return commands
 
 
 def _one_line_warning(show: Callable[..., None]) -> Callable[..., None]:
@@ -62,4 +83,3 @@ main.add_command(backends_command)
 main.add_command(bench_command)
 main.add_command(check_command)
 main.add_command(engine_group)
-main.add_command(metadata_server_command)

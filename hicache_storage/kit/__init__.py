@@ -16,7 +16,11 @@ Everything here is public API, used by the built-in backends and the same for th
   releasing nothing under a call in flight (:class:`CallGate`);
 * :mod:`~hicache_storage.kit.faults`: :class:`MediumFaults`, the fault hook that lets the
   conformance suite make a server-less medium fail on demand;
-* :mod:`~hicache_storage.kit.baseline`: the :class:`Baseline` interface of ``hicache bench``.
+* :mod:`~hicache_storage.kit.baseline`: the :class:`Baseline` interface of ``hicache bench``;
+* :mod:`~hicache_storage.kit.services`: local servers started and stopped by PID
+  (:class:`~hicache_storage.kit.services.LocalService`) for a backend's ``provision`` module,
+  and the :class:`~hicache_storage.kit.services.ServerControl` protocol the suite's fault checks
+  drive.
 
 ``docs/authors.md`` walks a new backend from nothing to a passing ``hicache check`` with it.
 """
@@ -40,6 +44,19 @@ from .pageio import (
     write_views,
 )
 from .parallel import IOWorkers
+from .services import (
+    SERVICES_ENV,
+    LocalService,
+    PausableServerControl,
+    ProcessSpec,
+    ServerControl,
+    ServiceState,
+    free_port,
+    port_open,
+    publish,
+    published_services,
+    wait_port,
+)
 
 __all__ = [
     "DRAIN_S",
@@ -49,6 +66,7 @@ __all__ = [
     "MANIFEST_PREFIX",
     "OPS",
     "POSIX_ERRORS",
+    "SERVICES_ENV",
     "TEMP_MARK",
     "V1_CALLS",
     "AtomicFiles",
@@ -58,20 +76,30 @@ __all__ = [
     "FanoutPaths",
     "FormatManifest",
     "IOWorkers",
+    "LocalService",
     "MediumFaults",
     "PageBaseline",
+    "PausableServerControl",
+    "ProcessSpec",
     "Rule",
+    "ServerControl",
+    "ServiceState",
     "closed_guard",
     "flat",
+    "free_port",
     "fsync_dir",
     "gate_of",
     "is_missing",
     "is_temp",
     "nbytes",
+    "port_open",
+    "publish",
+    "published_services",
     "read_exact",
     "read_into",
     "readinto_views",
     "temp_name",
+    "wait_port",
     "write_from",
     "write_views",
 ]

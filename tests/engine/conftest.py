@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from hicache_storage.conformance.provision import LocalService, publish
+from hicache_storage.kit.services import LocalService, publish
 
 MiB = 1 << 20
 THREEFS_GEOMETRY: dict[str, Any] = {"file_size": 32 * MiB, "file_count": 2, "slot_bytes": 64 << 10}

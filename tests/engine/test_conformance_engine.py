@@ -28,10 +28,10 @@ from hicache_storage.conformance.engine import (
     check_engine,
 )
 from hicache_storage.conformance.factory import BackendFactory
-from hicache_storage.conformance.provision import LocalService
 from hicache_storage.conformance.report import load_report, run_suite
 from hicache_storage.conformance.server import find_server_control
 from hicache_storage.errors import ConfigError
+from hicache_storage.kit.services import LocalService
 from hicache_storage.layers import ForwardingBackend
 
 from .conftest import THREEFS_GEOMETRY, THREEFS_TIMEOUT_S

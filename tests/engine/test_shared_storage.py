@@ -27,9 +27,9 @@ import pytest
 import torch
 
 from hicache_storage.backends.s3 import provision as s3_provision
-from hicache_storage.conformance.provision import LocalService
 from hicache_storage.engine.model import LlamaModel
 from hicache_storage.engine.policies import PrefetchPolicy, WritePolicy
+from hicache_storage.kit.services import LocalService
 
 from ._child import CONFIG, conversations, serve_job
 from .conftest import THREEFS_GEOMETRY, THREEFS_TIMEOUT_S

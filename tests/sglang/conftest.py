@@ -13,7 +13,7 @@ import pytest
 from hicache_storage.backends.mooncake.provision import local_store
 from hicache_storage.backends.redis import provision as redis_provision
 from hicache_storage.backends.s3 import provision as s3_provision
-from hicache_storage.conformance.provision import LocalService
+from hicache_storage.kit.services import LocalService
 
 # Imported first: it imports SGLang with the torchvision stand-in, before any test module does.
 from .helpers import SGLANG_VERSION

@@ -27,7 +27,7 @@ from hicache_storage.backends.mooncake.provision import local_store  # noqa: E40
 from hicache_storage.backends.redis import provision as redis_provision  # noqa: E402
 from hicache_storage.backends.s3 import provision as s3_provision  # noqa: E402
 from hicache_storage.backends.threefs.provision import metadata_service  # noqa: E402
-from hicache_storage.conformance.provision import LocalService  # noqa: E402
+from hicache_storage.kit.services import LocalService  # noqa: E402
 
 Generations = list[harness.Generation]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from hicache_storage.backends.redis import provision as redis_provision
-from hicache_storage.conformance.provision import LocalService
 from hicache_storage.integrations.vllm import harness
+from hicache_storage.kit.services import LocalService
 
 from .conftest import Generations, tokens
 

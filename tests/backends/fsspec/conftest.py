@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from hicache_storage.backends.s3 import provision
-from hicache_storage.conformance.provision import LocalService
+from hicache_storage.kit.services import LocalService
 
 from ..s3.conftest import s3_service
 

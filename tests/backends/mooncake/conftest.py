@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from hicache_storage.backends.mooncake.provision import local_store
-from hicache_storage.conformance.provision import LocalService
+from hicache_storage.kit.services import LocalService
 
 
 @pytest.fixture(scope="session")

@@ -21,9 +21,9 @@ from hicache_storage.backends.mooncake.backend import (
 )
 from hicache_storage.backends.mooncake.config import MooncakeConfig
 from hicache_storage.backends.mooncake.plugin import SPEC
-from hicache_storage.conformance.provision import free_port
 from hicache_storage.errors import BackendUnavailableError, InvalidKeyError
 from hicache_storage.hostpool import HostKVPool, MHAHostPool, MLAHostPool
+from hicache_storage.kit.services import free_port
 
 LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
 

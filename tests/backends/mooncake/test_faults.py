@@ -20,9 +20,9 @@ from hicache_storage import create_backend
 from hicache_storage.backend import StorageBackend
 from hicache_storage.backends.mooncake import provision
 from hicache_storage.backends.mooncake.client import Timeouts
-from hicache_storage.conformance.provision import LocalService
 from hicache_storage.errors import BackendUnavailableError
 from hicache_storage.hostpool import MHAHostPool
+from hicache_storage.kit.services import LocalService
 
 from ...helpers import page_indices, pool_bytes
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hicache_storage.conformance.provision import LocalService
 from hicache_storage.conformance.report import load_report, run_suite
+from hicache_storage.kit.services import LocalService
 
 from ...helpers import assert_conforms
 

@@ -14,7 +14,7 @@ import pytest
 from hicache_storage import create_backend
 from hicache_storage.backend import StorageBackend
 from hicache_storage.backends.redis import provision
-from hicache_storage.conformance.provision import LocalService, publish
+from hicache_storage.kit.services import LocalService, publish
 
 
 @pytest.fixture(scope="session")

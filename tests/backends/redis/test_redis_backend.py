@@ -23,8 +23,8 @@ from hicache_storage import StorageBackend, create_backend
 from hicache_storage.backends.redis import RedisBackend, RedisConfig, provision
 from hicache_storage.backends.redis.backend import connect
 from hicache_storage.config import LayerConfig
-from hicache_storage.conformance.provision import LocalService, free_port
 from hicache_storage.errors import BackendUnavailableError, ConfigError
+from hicache_storage.kit.services import LocalService, free_port
 
 from ...helpers import make_pool
 

@@ -10,8 +10,8 @@ import pytest
 
 from hicache_storage import create_backend
 from hicache_storage.conformance.checks.close_race import KEYS, _Race
-from hicache_storage.conformance.provision import LocalService
 from hicache_storage.errors import BackendClosedError
+from hicache_storage.kit.services import LocalService
 from hicache_storage.layers import ForwardingBackend
 
 

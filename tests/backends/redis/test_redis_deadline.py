@@ -16,8 +16,8 @@ import pytest
 from hicache_storage import StorageBackend, create_backend
 from hicache_storage.backends.redis import provision
 from hicache_storage.config import LayerConfig
-from hicache_storage.conformance.provision import LocalService
 from hicache_storage.errors import BackendTimeoutError
+from hicache_storage.kit.services import LocalService
 
 from ...helpers import make_pool, page_indices, pool_bytes, timed
 

@@ -13,8 +13,8 @@ import pytest
 
 from hicache_storage import StorageBackend, create_backend
 from hicache_storage.backends.redis import RedisConfig
-from hicache_storage.conformance.provision import LocalService
 from hicache_storage.errors import ConfigError
+from hicache_storage.kit.services import LocalService
 
 from .test_redis_backend import raw_client
 

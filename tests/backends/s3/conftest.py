@@ -15,7 +15,7 @@ import pytest
 
 from hicache_storage import StorageBackend, create_backend
 from hicache_storage.backends.s3 import provision
-from hicache_storage.conformance.provision import LocalService, publish
+from hicache_storage.kit.services import LocalService, publish
 
 
 @pytest.fixture(scope="session")

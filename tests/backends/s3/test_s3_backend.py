@@ -21,7 +21,6 @@ import pytest
 from hicache_storage import StorageBackend, create_backend
 from hicache_storage.backends.s3 import S3Backend, S3Config, provision
 from hicache_storage.backends.s3.backend import make_client
-from hicache_storage.conformance.provision import LocalService, free_port
 from hicache_storage.errors import (
     BackendIOError,
     BackendTimeoutError,
@@ -31,6 +30,7 @@ from hicache_storage.errors import (
     IntegrityError,
     MissingDependencyError,
 )
+from hicache_storage.kit.services import LocalService, free_port
 
 SLACK_S = 2.0
 FAST = {"connect_timeout_s": 0.5, "read_timeout_s": 0.5, "max_attempts": 2}

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hicache_storage.conformance.provision import LocalService
 from hicache_storage.conformance.report import load_report, run_suite
+from hicache_storage.kit.services import LocalService
 
 from ...helpers import assert_conforms
 

@@ -21,9 +21,9 @@ import torch
 
 from hicache_storage import StorageBackend, create_backend
 from hicache_storage.backends.s3 import S3Backend, S3Config
-from hicache_storage.conformance.provision import LocalService
 from hicache_storage.errors import BackendTimeoutError, BackendUnavailableError
 from hicache_storage.hostpool import HostKVPool
+from hicache_storage.kit.services import LocalService
 
 from ...helpers import make_pool, page_indices, pool_bytes, timed
 from .fakes import FakeStore, Received, error_response, fake_store

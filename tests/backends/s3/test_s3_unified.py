@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from hicache_storage.conformance.provision import LocalService
+from hicache_storage.kit.services import LocalService
 from tests.test_unified_e2e import *  # noqa: F403
 from tests.test_unified_e2e import StoreFactory, shared_store
 

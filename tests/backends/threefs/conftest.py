@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from hicache_storage.backends.threefs.provision import metadata_service
-from hicache_storage.conformance.provision import LocalService, publish
+from hicache_storage.kit.services import LocalService, publish
 
 MiB = 1 << 20
 

@@ -14,12 +14,12 @@ from hicache_storage.backends.threefs import ThreeFSBackend, ThreeFSConfig
 from hicache_storage.backends.threefs.baseline import RawFileBaseline
 from hicache_storage.backends.threefs.provision import metadata_service
 from hicache_storage.config import Deployment
-from hicache_storage.conformance.provision import LocalService, free_port
 from hicache_storage.errors import (
     BackendUnavailableError,
     BufferSizeError,
     ConfigError,
 )
+from hicache_storage.kit.services import LocalService, free_port
 
 from .conftest import GEOMETRY, service_options
 

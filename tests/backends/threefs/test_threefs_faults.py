@@ -24,8 +24,8 @@ from hicache_storage import create_backend
 from hicache_storage.backends.threefs import ThreeFSBackend, ThreeFSConfig
 from hicache_storage.backends.threefs.metadata import Geometry
 from hicache_storage.backends.threefs.metadata_http import HttpMetadata
-from hicache_storage.conformance.provision import LocalService
 from hicache_storage.errors import BackendTimeoutError, BackendUnavailableError
+from hicache_storage.kit.services import LocalService
 
 from .conftest import GEOMETRY, LEASE_S, TIMEOUT_S, service_options
 

@@ -1,5 +1,9 @@
 """``hicache metadata-server``: the key → slot map the 3FS backend's processes share.
 
+The 3FS plugin adds this command to the ``hicache`` CLI through the ``hicache_cli_commands`` hook,
+as any plugin may add its own; ``python -m hicache_storage.backends.threefs.metadata_server``
+runs the same command.
+
 Whatever keeps it from starting (a bad option, an empty token file, no token beyond loopback, a
 snapshot that cannot be written, an address in use) is one line on stderr and exit status 2.
 """
@@ -12,7 +16,7 @@ from typing import Any
 
 import click
 
-from ..errors import ConfigError, HiCacheError
+from hicache_storage.errors import ConfigError, HiCacheError
 
 __all__ = ["metadata_server_command"]
 
