@@ -1,1 +1,46 @@
-"""The tier engine: a GPU (L1) / host (L2) / storage (L3) KV cache driven by a real transformer."""
+"""The tier engine: a GPU (L1) / host (L2) / storage (L3) KV cache driven by a real transformer.
+
+What users write is exported here (``docs/engine.md``); each name imports its module on first
+use, so ``import hicache_storage.engine`` stays cheap:
+
+- :class:`Engine`: model, cache and scheduler together; :class:`Scheduler` and :class:`Request`
+  when driving them by hand;
+- :class:`TierCache` and its :class:`CacheConfig` (policies, thresholds, threads);
+- :class:`LlamaModel` and its :class:`ModelConfig` (shapes, seeded weights);
+- the engine's errors (:mod:`hicache_storage.engine.errors`).
+"""
+
+from __future__ import annotations
+
+from hicache_storage.lazy import lazy_exports
+
+__all__ = [
+    "CacheConfig",
+    "Engine",
+    "InvalidRequestError",
+    "LlamaModel",
+    "ModelConfig",
+    "PoolMismatchError",
+    "Request",
+    "RequestFailedError",
+    "RequestTypeError",
+    "Scheduler",
+    "TierCache",
+]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "CacheConfig": ".cache",
+        "TierCache": ".cache",
+        "Engine": ".engine",
+        "LlamaModel": ".model",
+        "ModelConfig": ".model",
+        "Request": ".scheduler",
+        "Scheduler": ".scheduler",
+        "InvalidRequestError": ".errors",
+        "PoolMismatchError": ".errors",
+        "RequestFailedError": ".errors",
+        "RequestTypeError": ".errors",
+    },
+)
