@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import re
 import secrets
 import sys
 import time
@@ -42,6 +41,7 @@ from .errors import ConfigError, HiCacheError, UnsupportedOperationError
 from .factory import create_backend
 from .keys import page_hashes
 from .kit.baseline import V1_CALLS
+from .options import bytes_of
 from .registry import get_spec
 
 __all__ = [
@@ -59,27 +59,6 @@ __all__ = [
 Progress = Callable[[str], None]
 T = TypeVar("T")
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1024,
-    "ki": 1024,
-    "kib": 1024,
-    "kb": 1000,
-    "m": 1024**2,
-    "mi": 1024**2,
-    "mib": 1024**2,
-    "mb": 1000**2,
-    "g": 1024**3,
-    "gi": 1024**3,
-    "gib": 1024**3,
-    "gb": 1000**3,
-    "t": 1024**4,
-    "ti": 1024**4,
-    "tib": 1024**4,
-    "tb": 1000**4,
-}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
 _STRIDE = 64
 """Bytes between the starts of consecutive values sliced from the shared random block."""
 
@@ -235,18 +214,17 @@ def parse_size(text: str) -> int:
     """Parse one size such as ``"4MiB"``, ``"64KiB"``, ``"1.5MiB"``, ``"1MB"`` or ``"4096"``.
 
     IEC suffixes (``KiB``, ``MiB``, ...) and bare letters (``K``, ``M``, ...) are powers of
-    1024; SI suffixes (``KB``, ``MB``, ...) are powers of 1000. Case is ignored.
+    1024; SI suffixes (``KB``, ``MB``, ...) are powers of 1000
+    (:func:`~hicache_storage.options.bytes_of` with ``units="si"``). Case is ignored.
 
     Raises
     ------
     ConfigError
         If the text is not a size, or the size is not a positive whole number of bytes.
     """
-    match = _SIZE.fullmatch(text)
-    unit = _UNITS.get(match.group(2).lower()) if match else None
-    if match is None or unit is None:
+    number = bytes_of(text, units="si")
+    if number is None:
         raise ConfigError(f"cannot read {text!r} as a size; write e.g. 4096, 64KiB, 1MiB or 1.5MB")
-    number = float(match.group(1)) * unit
     if number < 1 or not number.is_integer():
         raise ConfigError(f"size {text!r} is not a positive whole number of bytes")
     return int(number)

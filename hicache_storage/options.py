@@ -10,12 +10,16 @@ from a Struct's ``__post_init__``; :func:`hicache_storage.config.convert` turns 
 from __future__ import annotations
 
 import math
+import re
+from typing import Literal
 
 __all__ = [
     "MAX_BYTES",
     "MAX_COUNT",
     "MAX_TIMEOUT_S",
     "MAX_TTL_S",
+    "SizeUnits",
+    "bytes_of",
     "check_bytes",
     "check_count",
     "check_port",
@@ -33,6 +37,34 @@ MAX_COUNT = 1 << 20
 
 MAX_BYTES = 1 << 50
 """Largest byte size accepted (1 PiB)."""
+
+SizeUnits = Literal["si", "binary"]
+"""What ``KB``, ``MB``, ``GB``, ``TB`` mean to :func:`bytes_of`: powers of 1000 (``"si"``, the
+standard) or of 1024 (``"binary"``, as Mooncake and SGLang read them in their configs)."""
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(i?)b?|b?)\s*", re.IGNORECASE)
+_POWERS = {"k": 1, "m": 2, "g": 3, "t": 4}
+
+
+def bytes_of(text: str, *, units: SizeUnits) -> float | None:
+    """Read a size written as a number and a unit; ``None`` if ``text`` is not one.
+
+    The one unit rule of the project: a bare number or ``B`` is bytes; ``KiB``/``MiB``/... and
+    bare letters (``K``, ``M``, ``Ki``, ...) are powers of 1024; ``KB``/``MB``/``GB``/``TB``
+    follow ``units``. Case and spaces around the parts are ignored. The result may be
+    fractional (``"1.3B"``); callers decide what they accept.
+    """
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        return None
+    number = float(match.group(1))
+    prefix: str | None = match.group(2)
+    if prefix is None:
+        return number
+    letters_only = not match.group(0).strip().lower().endswith("b")
+    base = 1024 if match.group(3) or letters_only or units == "binary" else 1000
+    scale: int = base ** _POWERS[prefix.lower()]
+    return number * scale
 
 
 def check_seconds(

@@ -4,7 +4,7 @@ Each connection setting comes from, in order of precedence: the backend options,
 (``config_path``, else ``$SGLANG_HICACHE_MOONCAKE_CONFIG_PATH``, else ``$MOONCAKE_CONFIG_PATH``)
 with SGLang's field names, the ``MOONCAKE_*`` environment variables, and the defaults below.
 Sizes are bytes or strings such as ``"4GB"``/``"512MiB"``; like Mooncake and SGLang, every unit
-is a power of 1024.
+is a power of 1024 (:func:`~hicache_storage.options.bytes_of` with ``units="binary"``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Literal
 import msgspec
 
 from hicache_storage.errors import ConfigError
-from hicache_storage.options import MAX_BYTES, check_port, check_seconds
+from hicache_storage.options import MAX_BYTES, bytes_of, check_port, check_seconds
 from hicache_storage.redact import redact_url
 
 __all__ = [
@@ -54,8 +54,6 @@ and the master's RPCs need a share of the rest (see :mod:`.client`)."""
 
 DEFAULT_PROBE_TIMEOUT_S = 3.0
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", re.IGNORECASE)
 _PREFIX = re.compile(r"[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)*/?")
 """Segments of the key alphabet joined by '/', with one trailing '/' allowed."""
 _HOST = re.compile(r"[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*")
@@ -93,10 +91,9 @@ def parse_bytes(name: str, value: object) -> int:
     if isinstance(value, int):
         size = value
     else:
-        match = _SIZE.fullmatch(str(value)) if isinstance(value, (str, float)) else None
-        if match is None:
+        number = bytes_of(str(value), units="binary") if isinstance(value, (str, float)) else None
+        if number is None:
             raise ConfigError(f"{name} must be a size such as 4294967296 or '4GB', got {value!r}")
-        number = float(match.group(1)) * _UNITS[match.group(2).lower()]
         if not math.isfinite(number) or not number.is_integer():
             raise ConfigError(f"{name} must be a whole number of bytes, got {_show(value)}")
         size = int(number)
