@@ -86,3 +86,18 @@ def test_altered_bytes_change_the_output(
         altered = harness.generate(llm, PROMPTS)
     assert [g.cached_tokens for g in altered] == [224] * 4
     assert tokens(altered) != tokens(baseline(PROMPTS))
+
+
+def test_engine_core_in_a_process_of_its_own(
+    model: Path, baseline: Callable[[Sequence[Sequence[int]]], Generations], tmp_path: Path
+) -> None:
+    """vLLM's default (what ``vllm serve`` runs): the scheduler, and so the tier, in a separate
+    engine-core process."""
+    tier = {"backend": "file", "options": {"root": str(tmp_path / "store")}}
+    config = harness.kv_transfer_config(tier)
+    env = {**ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    cold, warm = harness.detached_result(
+        harness.run_detached(model, [config, config], PROMPTS[:2], env=env)
+    )
+    assert [g.cached_tokens for g in warm] == [224, 224]
+    assert tokens(cold) == tokens(warm) == tokens(baseline(PROMPTS[:2]))
