@@ -217,6 +217,9 @@ def _trickle(handler: http.server.BaseHTTPRequestHandler, request: Received) -> 
         return
     handler.send_response(200)
     handler.send_header("Content-Length", str(SIZE))
+    # Said, not only done: a client that pooled the connection could otherwise reuse it before
+    # the close reaches it, and fail the next call (seen under load).
+    handler.send_header("Connection", "close")
     handler.end_headers()
     handler.wfile.flush()
     for _ in range(SIZE // PIECE):
