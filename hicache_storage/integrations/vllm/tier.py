@@ -362,6 +362,8 @@ class HiCacheTier(SecondaryTierManager):  # type: ignore[misc]  # vLLM ships no 
         ok = sum(loaded)
         self._count(loaded=ok, load_failed=len(keys) - ok)
         failed = [key for key, hit in zip(keys, loaded, strict=True) if not hit]
+        if failed:  # before the result: the poll that reports the job must see them as misses
+            self._failed_loads.put(failed)
         self._finished.put(
             JobResult(
                 job_id=job_id,
@@ -375,8 +377,6 @@ class HiCacheTier(SecondaryTierManager):  # type: ignore[misc]  # vLLM ships no 
                 transfer_bytes=ok * self.block_size_bytes,
             )
         )
-        if failed:
-            self._failed_loads.put(failed)
 
     def _count(self, **deltas: int) -> None:
         with self._lock:
