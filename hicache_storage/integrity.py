@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import crc32c
 from typing_extensions import Buffer
 
-__all__ = ["MAGIC", "RECORD_BYTES", "checksum", "key_digest", "seal", "verify"]
+__all__ = ["MAGIC", "RECORD_BYTES", "check", "checksum", "key_digest", "seal", "verify"]
 
 MAGIC = b"HCI1"
 _RECORD = struct.Struct("<4sQIQQ")
@@ -58,19 +58,37 @@ def verify(
     record"``, ``"other key"``, ``"generation"``, ``"length"`` or ``"checksum"`` (the cheap
     checks first). ``generation=None`` skips the generation check.
     """
+    views = [memoryview(part).cast("B") for part in parts]
+    return check(
+        record, key, sum(view.nbytes for view in views), lambda: checksum(views), generation
+    )
+
+
+def check(
+    record: Buffer,
+    key: str,
+    length: int,
+    crc: int | Callable[[], int],
+    generation: int | None = None,
+) -> str | None:
+    """Check a ``record`` against an object of ``length`` bytes whose CRC32C is ``crc``.
+
+    What :func:`verify` does for a reader that checksummed the bytes as it read them
+    (:func:`~hicache_storage.kit.pageio.read_checked`); ``crc`` may be a callable, computed only
+    once the cheaper checks passed. Returns ``None`` or the reason, as :func:`verify` does.
+    """
     raw = memoryview(record).cast("B")
     if raw.nbytes != RECORD_BYTES:
         return "no record"
-    magic, length, crc, digest, stored_generation = _RECORD.unpack(raw)
+    magic, stored_length, stored_crc, digest, stored_generation = _RECORD.unpack(raw)
     if magic != MAGIC:
         return "no record"
     if digest != key_digest(key):
         return "other key"
     if generation is not None and stored_generation != generation:
         return "generation"
-    views = [memoryview(part).cast("B") for part in parts]
-    if length != sum(view.nbytes for view in views):
+    if stored_length != length:
         return "length"
-    if crc != checksum(views):
+    if stored_crc != (crc() if callable(crc) else crc):
         return "checksum"
     return None

@@ -3,9 +3,11 @@
 Reads 8 MiB pages of one page-cache-warm file into separate buffers on N threads, as the file
 backend does, four ways in the same run: the raw read (one ``preadv`` a page), the read then one
 CRC32C over the page (what the backend does), and the read in chunks of C bytes, each checksummed
-right after it arrives (while it is in the CPU cache). Then hashes the same buffers with every
-checksum that imports (``crc32c``, ``zlib.crc32``, and ``isal``'s CRC-32 and XXH3 where
-installed), on 1 and N threads. Prints GB/s and the ratio to the raw read.
+right after it arrives (while it is in the CPU cache), and ``kit.read_checked``, which does the
+chunked read and checksum in one native loop without the GIL, at several chunk sizes. Then
+hashes the same buffers with every checksum that imports (``crc32c``, ``zlib.crc32``, and
+``isal``'s CRC-32 and XXH3 where installed), on 1 and N threads. Prints GB/s and the ratio to
+the raw read.
 
     python scripts/probe_verify.py [--pages 256] [--threads 1,4,8,16]
 """
@@ -22,8 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import crc32c
 
+from hicache_storage.kit import NATIVE_CHECKED_READS, read_checked
+
 PAGE = 8 << 20
 CHUNKS = (128 << 10, 512 << 10, 2 << 20)
+NATIVE_CHUNKS = (64 << 10, 256 << 10, 1 << 20, 4 << 20)
 
 
 def _checksums() -> dict[str, Callable[[memoryview], int]]:
@@ -96,6 +101,16 @@ def main() -> None:
                         spent = _best_s(pool, lambda i, c=chunk: read(i, c), pages)  # type: ignore[misc]
                         ratio = PAGE * pages / spent / 1e9 / raw
                         cells.append(f"chunks of {chunk >> 10} KiB {ratio:.2f}")
+                    for chunk in NATIVE_CHUNKS if NATIVE_CHECKED_READS else ():
+                        spent = _best_s(
+                            pool,
+                            lambda i, c=chunk: read_checked(  # type: ignore[misc]
+                                fd, [bufs[i]], PAGE, i * PAGE, chunk_bytes=c
+                            ),
+                            pages,
+                        )
+                        ratio = PAGE * pages / spent / 1e9 / raw
+                        cells.append(f"read_checked {chunk >> 10} KiB {ratio:.2f}")
                 print(f"{n:2d} threads: " + ", ".join(cells), flush=True)
         finally:
             os.close(fd)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
 import zipfile
@@ -56,6 +57,18 @@ def test_wheel_contains_every_subpackage(wheel: zipfile.ZipFile) -> None:
     assert "hicache_storage/py.typed" in names
     assert "hicache_storage/backends/file/plugin.py" in names
     assert not any(name.startswith(("tests/", "backends/", "conformance/")) for name in names)
+
+
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64"), reason="the checked-read helper is x86-64 only"
+)
+def test_wheel_carries_the_checked_read_helper_and_its_stub(wheel: zipfile.ZipFile) -> None:
+    names = wheel.namelist()
+    assert "hicache_storage/kit/_checkedio.pyi" in names
+    assert any(
+        name.startswith("hicache_storage/kit/_checkedio.") and name.endswith(".so")
+        for name in names
+    ), "the native checked reads did not build (is a C compiler installed?)"
 
 
 def test_wheel_declares_entry_points_and_extras(wheel: zipfile.ZipFile) -> None:

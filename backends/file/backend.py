@@ -65,7 +65,7 @@ from hicache_storage.errors import (
     InvalidKeyError,
 )
 from hicache_storage.hostpool import HostKVPool
-from hicache_storage.integrity import RECORD_BYTES, seal, verify
+from hicache_storage.integrity import RECORD_BYTES, check, seal, verify
 from hicache_storage.keys.format import ObjectFormat
 from hicache_storage.keys.validation import validate_key
 from hicache_storage.kit import (
@@ -78,6 +78,7 @@ from hicache_storage.kit import (
     closed_guard,
     flat,
     is_temp,
+    read_checked,
     read_into,
 )
 
@@ -504,13 +505,16 @@ class FileBackend(StorageBackend):
         if not self._record:
             return read_into(fd, views) == stored
         record = bytearray(self._record)
-        if read_into(fd, [*views, memoryview(record)]) != stored:
-            return False
-        return self._verified(key, views, record)
+        size = stored - self._record
+        total, crc = read_checked(fd, [*views, memoryview(record)], size)
+        return total == stored and self._counted(key, check(record, key, size, crc))
 
     def _verified(self, key: str, views: list[memoryview], record: Buffer) -> bool:
         """Return whether ``record`` vouches for ``views``; count why not."""
-        reason = verify(record, key, views)
+        return self._counted(key, verify(record, key, views))
+
+    def _counted(self, key: str, reason: str | None) -> bool:
+        """Return whether a check found nothing wrong (``reason`` None); count why it did."""
         if reason is None:
             return True
         with self._meta_lock:

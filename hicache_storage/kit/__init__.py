@@ -5,7 +5,8 @@ Everything here is public API, used by the built-in backends and the same for th
 * :mod:`~hicache_storage.kit.errors`: :class:`ErrorMap` turns a client's exceptions into the
   contract's typed errors (:func:`is_missing` tells a miss from a failure);
 * :mod:`~hicache_storage.kit.pageio`: vectored page I/O over file descriptors and streams,
-  handling short transfers and ``IOV_MAX``;
+  handling short transfers and ``IOV_MAX``, and reads checksummed as they fill
+  (:func:`read_checked`);
 * :mod:`~hicache_storage.kit.files`: the fan-out path scheme (:class:`FanoutPaths`) and the
   temp-file-then-link writer (:class:`AtomicFiles`) of one-file-per-key backends;
 * :mod:`~hicache_storage.kit.formats`: :class:`FormatManifest`, the per-directory record of
@@ -34,9 +35,12 @@ from .files import TEMP_MARK, AtomicFiles, FanoutPaths, fsync_dir, is_temp, temp
 from .formats import MANIFEST_PREFIX, FormatManifest
 from .guard import DRAIN_S, GUARDED, CallGate, closed_guard, gate_of
 from .pageio import (
+    CHECK_CHUNK_BYTES,
     IOV_MAX,
+    NATIVE_CHECKED_READS,
     flat,
     nbytes,
+    read_checked,
     read_exact,
     read_into,
     readinto_views,
@@ -62,7 +66,9 @@ __all__ = [
     "DRAIN_S",
     "FAULT_KINDS",
     "GUARDED",
+    "CHECK_CHUNK_BYTES",
     "IOV_MAX",
+    "NATIVE_CHECKED_READS",
     "MANIFEST_PREFIX",
     "OPS",
     "POSIX_ERRORS",
@@ -95,6 +101,7 @@ __all__ = [
     "port_open",
     "publish",
     "published_services",
+    "read_checked",
     "read_exact",
     "read_into",
     "readinto_views",

@@ -5,26 +5,94 @@ thousands. The fd helpers (re-exported from :mod:`hicache_storage.vectored`) iss
 ``preadv``/``pwritev`` in chunks of at most :data:`IOV_MAX` buffers and loop over short
 transfers; :func:`readinto_views` and :func:`write_views` do the same over any binary stream
 (an ``open()`` file, an fsspec file, a socket file) through ``readinto``/``write``.
+:func:`read_checked` reads and CRC32Cs a page in one pass, for a backend that verifies what it
+reads.
 """
 
 from __future__ import annotations
 
 import errno
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Protocol
 
+from hicache_storage.integrity import checksum
 from hicache_storage.vectored import IOV_MAX, flat, read_into, write_from
 
 __all__ = [
+    "CHECK_CHUNK_BYTES",
     "IOV_MAX",
+    "NATIVE_CHECKED_READS",
     "flat",
     "nbytes",
+    "read_checked",
     "read_exact",
     "read_into",
     "readinto_views",
     "write_from",
     "write_views",
 ]
+
+
+def _native() -> ModuleType | None:
+    try:
+        from hicache_storage.kit import _checkedio
+    except ImportError:  # not built here (no compiler, not x86-64): the Python path serves
+        return None
+    return _checkedio
+
+
+_CHECKED = _native()
+
+NATIVE_CHECKED_READS = _CHECKED is not None
+"""Whether :func:`read_checked` runs as one native loop (else a read, then a checksum)."""
+
+CHECK_CHUNK_BYTES = 256 << 10
+"""Bytes :func:`read_checked` reads before checksumming them: small enough to be checksummed
+from the core's own cache (measured in ``scripts/probe_verify.py``), big enough that a system
+call per chunk costs little."""
+
+
+def read_checked(
+    fd: int,
+    views: Sequence[memoryview],
+    checked: int,
+    offset: int = 0,
+    *,
+    chunk_bytes: int = CHECK_CHUNK_BYTES,
+) -> tuple[int, int]:
+    """Fill ``views`` from ``fd`` at ``offset``; return the bytes read and a CRC32C.
+
+    The CRC32C covers the first ``checked`` bytes read (a value whose integrity record follows
+    it in the same file: pass the record's buffer as the last view and the value's length as
+    ``checked``). Where the native helper is built, each chunk of ``chunk_bytes`` is checksummed
+    right after it is read, while it is still in the CPU cache, in one loop that never takes the
+    GIL; elsewhere this is :func:`read_into` followed by
+    :func:`~hicache_storage.integrity.checksum`. A short file gives fewer bytes (and the CRC32C
+    of those read).
+
+    Raises
+    ------
+    OSError
+        If a read fails.
+    """
+    if _CHECKED is not None:
+        total, crc = _CHECKED.read_checked(fd, views, offset, chunk_bytes, checked)
+        return int(total), int(crc)
+    total = read_into(fd, views, offset)
+    return total, checksum(_prefix(views, min(checked, total)))
+
+
+def _prefix(views: Sequence[memoryview], size: int) -> list[memoryview]:
+    """Return the first ``size`` bytes of ``views`` as views."""
+    out: list[memoryview] = []
+    for view in views:
+        if size <= 0:
+            break
+        part = flat(view)[:size]
+        out.append(part)
+        size -= part.nbytes
+    return out
 
 
 class _Readable(Protocol):

@@ -30,6 +30,7 @@ from hicache_storage.errors import (
 )
 from hicache_storage.hostpool import HostKVPool, MHAHostPool, MLAHostPool
 from hicache_storage.integrity import RECORD_BYTES
+from hicache_storage.kit import pageio
 
 LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
 SENTINEL = 0xA5
@@ -398,6 +399,7 @@ def test_partial_reads_are_completed(tmp_path: Path, monkeypatch: pytest.MonkeyP
         assert b.batch_set_v1(["p"], indices(pool, [1])) == [True]
         fill(pool, SENTINEL)
         monkeypatch.setattr(os, "preadv", trickle)
+        monkeypatch.setattr(pageio, "_CHECKED", None)  # the Python path's loop (os.preadv)
         out = bytearray(10_500)
         assert b.get("k", out) is out
         assert out == data
@@ -426,6 +428,7 @@ def test_link_unsupported_falls_back_to_rename(
 def test_truncated_underneath_is_a_miss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with make(tmp_path) as b:
         b.set("k", b"v" * 100)
+        monkeypatch.setattr(pageio, "_CHECKED", None)  # so that os.preadv serves the read
         monkeypatch.setattr(os, "preadv", lambda fd, buffers, offset: 0)
         assert b.get("k", bytearray(100)) is None
         monkeypatch.setattr(os, "pread", lambda fd, n, offset: b"")

@@ -1,0 +1,170 @@
+"""Checked reads (``kit.read_checked``): a read that checksums the bytes as it fills them.
+
+The native loop and the Python path (a read, then a checksum) must agree with each other and with
+the ``crc32c`` package on every split of a page into buffers, every chunk size, a value followed
+by a record that is not checksummed, and a file shorter than the buffers.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+import crc32c
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hicache_storage.kit import pageio
+from hicache_storage.kit.pageio import NATIVE_CHECKED_READS, read_checked
+
+X86 = platform.machine() in ("x86_64", "AMD64")
+
+needs_native = pytest.mark.skipif(
+    not NATIVE_CHECKED_READS, reason="the checked-read helper is not built on this machine"
+)
+
+
+@pytest.fixture(params=["native", "python"])
+def path_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "native":
+        if not NATIVE_CHECKED_READS:
+            pytest.skip("the checked-read helper is not built on this machine")
+    else:
+        monkeypatch.setattr(pageio, "_CHECKED", None)
+    return str(request.param)
+
+
+def test_the_helper_is_built_where_the_project_builds_it() -> None:
+    # CI installs the package with a compiler on x86-64: the fast path must be there, or a
+    # silent fallback would hide a build break.
+    if X86:
+        assert NATIVE_CHECKED_READS
+
+
+@needs_native
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(max_size=40_000), value=st.integers(0, 2**32 - 1), skip=st.integers(0, 9))
+def test_native_crc32c_matches_the_package(data: bytes, value: int, skip: int) -> None:
+    from hicache_storage.kit import _checkedio
+
+    view = memoryview(data)[min(skip, len(data)) :]  # unaligned starts too
+    assert _checkedio.crc32c(view, value) == crc32c.crc32c(view, value=value)
+
+
+@needs_native
+def test_native_crc32c_over_long_runs() -> None:
+    from hicache_storage.kit import _checkedio
+
+    data = os.urandom((3 << 20) + 12_345)  # many three-stream rounds, then a ragged tail
+    assert _checkedio.crc32c(data) == crc32c.crc32c(data)
+
+
+def _split(data_len: int, cuts: list[int]) -> list[int]:
+    points = sorted({min(c, data_len) for c in cuts})
+    sizes, last = [], 0
+    for point in [*points, data_len]:
+        sizes.append(point - last)
+        last = point
+    return sizes
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    size=st.integers(0, 200_000),
+    cuts=st.lists(st.integers(0, 200_000), max_size=6),
+    chunk=st.sampled_from([1, 7, 4096, 65_536, 1 << 20]),
+    record=st.sampled_from([0, 32]),
+    missing=st.integers(0, 3_000),
+)
+def test_read_checked_fills_and_checksums(
+    tmp_path_factory: pytest.TempPathFactory,
+    size: int,
+    cuts: list[int],
+    chunk: int,
+    record: int,
+    missing: int,
+) -> None:
+    # Both paths in one example: the native one (where built) and the Python one.
+    payload = os.urandom(size + record)
+    file = tmp_path_factory.mktemp("checked") / "page"
+    stored = payload[: max(0, len(payload) - missing)]  # a short file when missing > 0
+    file.write_bytes(stored)
+    results = []
+    for native in (True, False):
+        if native and not NATIVE_CHECKED_READS:
+            continue
+        buffers = [bytearray(n) for n in _split(size, cuts)] + [bytearray(record)]
+        saved = pageio._CHECKED
+        if not native:
+            pageio._CHECKED = None
+        try:
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                total, crc = read_checked(
+                    fd, [memoryview(b) for b in buffers], size, chunk_bytes=chunk
+                )
+            finally:
+                os.close(fd)
+        finally:
+            pageio._CHECKED = saved
+        got = b"".join(buffers)
+        assert total == len(stored)
+        assert got[:total] == stored
+        assert crc == crc32c.crc32c(stored[:size])
+        results.append((total, crc, got))
+    assert all(r == results[0] for r in results)
+
+
+def test_read_checked_at_an_offset(path_kind: str, tmp_path: Path) -> None:
+    data = os.urandom(300_000)
+    file = tmp_path / "page"
+    file.write_bytes(data)
+    out = bytearray(100_000)
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        total, crc = read_checked(fd, [memoryview(out)], 60_000, 150_000, chunk_bytes=8192)
+    finally:
+        os.close(fd)
+    assert total == 100_000
+    assert bytes(out) == data[150_000:250_000]
+    assert crc == crc32c.crc32c(data[150_000:210_000])
+
+
+def test_read_checked_of_a_bad_descriptor_is_an_os_error(path_kind: str, tmp_path: Path) -> None:
+    fd = os.open(tmp_path, os.O_RDONLY)  # a directory: preadv fails with EISDIR
+    try:
+        with pytest.raises(OSError):
+            read_checked(fd, [memoryview(bytearray(10))], 10)
+    finally:
+        os.close(fd)
+
+
+@needs_native
+def test_native_read_refuses_read_only_buffers(tmp_path: Path) -> None:
+    file = tmp_path / "page"
+    file.write_bytes(b"x" * 16)
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        with pytest.raises(BufferError):
+            read_checked(fd, [memoryview(b"\0" * 16)], 16)
+    finally:
+        os.close(fd)
+
+
+@needs_native
+def test_native_read_refuses_bad_arguments(tmp_path: Path) -> None:
+    from hicache_storage.kit import _checkedio
+
+    file = tmp_path / "page"
+    file.write_bytes(b"x" * 16)
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        for offset, chunk, checked in ((-1, 8, 8), (0, 0, 8), (0, 8, -1)):
+            with pytest.raises(ValueError, match="offset and checked"):
+                _checkedio.read_checked(fd, [bytearray(16)], offset, chunk, checked)
+        with pytest.raises(TypeError):
+            _checkedio.read_checked(fd, 5, 0, 8, 8)  # type: ignore[arg-type]
+    finally:
+        os.close(fd)
