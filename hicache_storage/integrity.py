@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 import crc32c
 from typing_extensions import Buffer
 
-__all__ = ["MAGIC", "RECORD_BYTES", "check", "checksum", "key_digest", "seal", "verify"]
+__all__ = ["MAGIC", "RECORD_BYTES", "check", "checksum", "key_digest", "record", "seal", "verify"]
 
 MAGIC = b"HCI1"
 _RECORD = struct.Struct("<4sQIQQ")
@@ -45,8 +45,16 @@ def key_digest(key: str) -> int:
 def seal(key: str, parts: Iterable[Buffer], *, generation: int = 0) -> bytes:
     """Return the record of an object made of ``parts`` (concatenated) stored under ``key``."""
     views = [memoryview(part).cast("B") for part in parts]
-    length = sum(view.nbytes for view in views)
-    return _RECORD.pack(MAGIC, length, checksum(views), key_digest(key), generation)
+    return record(key, sum(view.nbytes for view in views), checksum(views), generation=generation)
+
+
+def record(key: str, length: int, crc: int, *, generation: int = 0) -> bytes:
+    """Return the record of an object of ``length`` bytes whose CRC32C is ``crc``.
+
+    What :func:`seal` returns, for a writer that checksummed the bytes as it wrote them
+    (:func:`~hicache_storage.kit.pageio.write_checked`).
+    """
+    return _RECORD.pack(MAGIC, length, crc, key_digest(key), generation)
 
 
 def verify(

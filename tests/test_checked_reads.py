@@ -1,4 +1,4 @@
-"""Checked reads (``kit.read_checked``): a read that checksums the bytes as it fills them.
+"""Checked page I/O (``kit.read_checked``, ``kit.write_checked``): moves that checksum as they go.
 
 The native loop and the Python path (a read, then a checksum) must agree with each other and with
 the ``crc32c`` package on every split of a page into buffers, every chunk size, a value followed
@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hicache_storage.kit import pageio
-from hicache_storage.kit.pageio import NATIVE_CHECKED_READS, read_checked
+from hicache_storage.kit.pageio import NATIVE_CHECKED_READS, read_checked, write_checked
 
 X86 = platform.machine() in ("x86_64", "AMD64")
 
@@ -166,5 +166,66 @@ def test_native_read_refuses_bad_arguments(tmp_path: Path) -> None:
                 _checkedio.read_checked(fd, [bytearray(16)], offset, chunk, checked)
         with pytest.raises(TypeError):
             _checkedio.read_checked(fd, 5, 0, 8, 8)  # type: ignore[arg-type]
+    finally:
+        os.close(fd)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 70_000), max_size=5),
+    chunk=st.sampled_from([1, 7, 4096, 65_536, 1 << 20]),
+    offset=st.integers(0, 5_000),
+)
+def test_write_checked_writes_and_checksums(
+    tmp_path_factory: pytest.TempPathFactory, sizes: list[int], chunk: int, offset: int
+) -> None:
+    buffers = [os.urandom(n) for n in sizes]
+    value = b"".join(buffers)
+    for native in (True, False):
+        if native and not NATIVE_CHECKED_READS:
+            continue
+        file = tmp_path_factory.mktemp("written") / "page"
+        saved = pageio._CHECKED
+        if not native:
+            pageio._CHECKED = None
+        try:
+            fd = os.open(file, os.O_CREAT | os.O_WRONLY, 0o644)
+            try:
+                total, crc = write_checked(
+                    fd, [memoryview(b) for b in buffers], offset, chunk_bytes=chunk
+                )
+            finally:
+                os.close(fd)
+        finally:
+            pageio._CHECKED = saved
+        assert total == len(value)
+        assert crc == crc32c.crc32c(value)
+        assert file.read_bytes() == (b"\0" * offset + value if value else b"")
+
+
+def test_write_checked_to_a_read_only_descriptor_is_an_os_error(
+    path_kind: str, tmp_path: Path
+) -> None:
+    file = tmp_path / "page"
+    file.write_bytes(b"")
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError):
+            write_checked(fd, [memoryview(b"x" * 100)])
+    finally:
+        os.close(fd)
+
+
+@needs_native
+def test_native_write_refuses_bad_arguments(tmp_path: Path) -> None:
+    from hicache_storage.kit import _checkedio
+
+    fd = os.open(tmp_path / "page", os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        for offset, chunk in ((-1, 8), (0, 0)):
+            with pytest.raises(ValueError, match="offset must be"):
+                _checkedio.write_checked(fd, [b"x"], offset, chunk)
+        with pytest.raises(TypeError):
+            _checkedio.write_checked(fd, [object()], 0, 8)  # type: ignore[list-item]
     finally:
         os.close(fd)

@@ -50,6 +50,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Buffer
@@ -65,7 +66,7 @@ from hicache_storage.errors import (
     InvalidKeyError,
 )
 from hicache_storage.hostpool import HostKVPool
-from hicache_storage.integrity import RECORD_BYTES, check, seal, verify
+from hicache_storage.integrity import RECORD_BYTES, check, record, verify
 from hicache_storage.keys.format import ObjectFormat
 from hicache_storage.keys.validation import validate_key
 from hicache_storage.kit import (
@@ -80,6 +81,8 @@ from hicache_storage.kit import (
     is_temp,
     read_checked,
     read_into,
+    write_checked,
+    write_from,
 )
 
 from .config import FileConfig
@@ -122,6 +125,12 @@ def _read_bytes(fd: int, size: int) -> bytes | None:
 
 
 _ERRORS = ErrorMap("file backend")
+
+
+def _write_sealed(key: str, fd: int, views: Sequence[memoryview]) -> None:
+    """Write ``views`` and then their integrity record, checksumming them as they are written."""
+    size, crc = write_checked(fd, views)
+    write_from(fd, [memoryview(record(key, size, crc))], size)
 
 
 def _io_error(what: str, exc: OSError) -> HiCacheError:
@@ -555,8 +564,6 @@ class FileBackend(StorageBackend):
         if self._cached(key) or self._stat(key):
             return True
         nbytes = sum(view.nbytes for view in views)
-        if self._record:
-            views = [*views, memoryview(seal(key, views))]
         owned = self._owns(key)
         if owned and not self._capacity.reserve(nbytes, key):
             return False
@@ -578,7 +585,10 @@ class FileBackend(StorageBackend):
         """Write a temporary file and link it to ``path``; return False if ``path`` existed."""
         try:
             self.medium_faults.check("write")
-            return self._files.write(path, views, self._paths.temp_path(key))
+            temp = self._paths.temp_path(key)
+            if not self._record:
+                return self._files.write(path, views, temp)
+            return self._files.write(path, views, temp, partial(_write_sealed, key))
         except OSError as exc:
             raise _io_error(f"write {key!r}", exc) from exc
 

@@ -5,8 +5,8 @@ Everything here is public API, used by the built-in backends and the same for th
 * :mod:`~hicache_storage.kit.errors`: :class:`ErrorMap` turns a client's exceptions into the
   contract's typed errors (:func:`is_missing` tells a miss from a failure);
 * :mod:`~hicache_storage.kit.pageio`: vectored page I/O over file descriptors and streams,
-  handling short transfers and ``IOV_MAX``, and reads checksummed as they fill
-  (:func:`read_checked`);
+  handling short transfers and ``IOV_MAX``, and reads and writes checksummed as they move
+  (:func:`read_checked`, :func:`write_checked`);
 * :mod:`~hicache_storage.kit.files`: the fan-out path scheme (:class:`FanoutPaths`) and the
   temp-file-then-link writer (:class:`AtomicFiles`) of one-file-per-key backends;
 * :mod:`~hicache_storage.kit.formats`: :class:`FormatManifest`, the per-directory record of
@@ -44,6 +44,7 @@ from .pageio import (
     read_exact,
     read_into,
     readinto_views,
+    write_checked,
     write_from,
     write_views,
 )
@@ -105,6 +106,7 @@ __all__ = [
     "read_exact",
     "read_into",
     "readinto_views",
+    "write_checked",
     "temp_name",
     "wait_port",
     "write_from",

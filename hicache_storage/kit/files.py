@@ -20,7 +20,7 @@ import hashlib
 import os
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from hicache_storage.vectored import write_from
 
@@ -116,11 +116,18 @@ class AtomicFiles:
         self.fsync = fsync
         self._dirs: set[str] = set()
 
-    def write(self, path: str, views: Sequence[memoryview], temp: str) -> bool:
+    def write(
+        self,
+        path: str,
+        views: Sequence[memoryview],
+        temp: str,
+        writer: Callable[[int, Sequence[memoryview]], object] = write_from,
+    ) -> bool:
         """Write ``views`` back to back into ``temp``, then publish it as ``path``.
 
         Returns whether this call published the value (False: ``path`` already held one).
-        The temporary file is gone when the call returns, whatever happened.
+        The temporary file is gone when the call returns, whatever happened. ``writer`` fills
+        the open file (for a backend that appends an integrity record computed while writing).
 
         Raises
         ------
@@ -137,7 +144,7 @@ class AtomicFiles:
             fd = os.open(temp, _WRITE_FLAGS, 0o644)
         try:
             try:
-                write_from(fd, views)
+                writer(fd, views)
                 if self.fsync:
                     os.fsync(fd)
             finally:

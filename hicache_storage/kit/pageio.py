@@ -5,8 +5,8 @@ thousands. The fd helpers (re-exported from :mod:`hicache_storage.vectored`) iss
 ``preadv``/``pwritev`` in chunks of at most :data:`IOV_MAX` buffers and loop over short
 transfers; :func:`readinto_views` and :func:`write_views` do the same over any binary stream
 (an ``open()`` file, an fsspec file, a socket file) through ``readinto``/``write``.
-:func:`read_checked` reads and CRC32Cs a page in one pass, for a backend that verifies what it
-reads.
+:func:`read_checked` and :func:`write_checked` move a page and CRC32C it in one pass, for a
+backend that keeps an integrity record beside each value.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ __all__ = [
     "read_exact",
     "read_into",
     "readinto_views",
+    "write_checked",
     "write_from",
     "write_views",
 ]
@@ -81,6 +82,33 @@ def read_checked(
         return int(total), int(crc)
     total = read_into(fd, views, offset)
     return total, checksum(_prefix(views, min(checked, total)))
+
+
+def write_checked(
+    fd: int,
+    views: Sequence[memoryview],
+    offset: int = 0,
+    *,
+    chunk_bytes: int = CHECK_CHUNK_BYTES,
+) -> tuple[int, int]:
+    """Write ``views`` back to back to ``fd`` at ``offset``; return the bytes and their CRC32C.
+
+    The mirror of :func:`read_checked`: with the native helper each chunk is checksummed just
+    before it is written, so the bytes are read from memory once, in a loop that never takes
+    the GIL; elsewhere it is :func:`~hicache_storage.integrity.checksum`, then
+    :func:`write_from`.
+
+    Raises
+    ------
+    OSError
+        If a write fails or makes no progress.
+    """
+    if _CHECKED is not None:
+        total, crc = _CHECKED.write_checked(fd, views, offset, chunk_bytes)
+        return int(total), int(crc)
+    crc = checksum(views)
+    write_from(fd, views, offset)
+    return nbytes(views), crc
 
 
 def _prefix(views: Sequence[memoryview], size: int) -> list[memoryview]:
