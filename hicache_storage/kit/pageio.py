@@ -69,7 +69,7 @@ def read_checked(
     ``checked``). Where the native helper is built, each chunk of ``chunk_bytes`` is checksummed
     right after it is read, while it is still in the CPU cache, in one loop that never takes the
     GIL; elsewhere this is :func:`read_into` followed by
-    :func:`~hicache_storage.integrity.checksum`. A short file gives fewer bytes (and the CRC32C
+    ``hicache_storage.integrity.checksum``. A short file gives fewer bytes (and the CRC32C
     of those read).
 
     Raises
@@ -95,7 +95,7 @@ def write_checked(
 
     The mirror of :func:`read_checked`: with the native helper each chunk is checksummed just
     before it is written, so the bytes are read from memory once, in a loop that never takes
-    the GIL; elsewhere it is :func:`~hicache_storage.integrity.checksum`, then
+    the GIL; elsewhere it is ``hicache_storage.integrity.checksum``, then
     :func:`write_from`.
 
     Raises
