@@ -29,6 +29,7 @@ from .errors import (
     PoolNotRegisteredError,
     UnsupportedOperationError,
 )
+from .options import positive_int
 
 if TYPE_CHECKING:
     import torch
@@ -298,11 +299,9 @@ def check_host_pool(pool: object) -> HostPool:
             f"MHAHostPool, MLAHostPool or another implementation of hicache_storage.HostPool"
         )
     for name in ("page_size", "page_nbytes"):
-        value = getattr(pool, name, None)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise HostPoolError(
-                f"a host pool's {name} must be a positive int; {what}.{name} is {value!r}"
-            )
+        positive_int(
+            f"a host pool's {name} ({what}.{name})", getattr(pool, name, None), HostPoolError
+        )
     return pool  # type: ignore[return-value]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Literal
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "check_count",
     "check_port",
     "check_seconds",
+    "positive_int",
 ]
 
 MAX_TIMEOUT_S = 3600.0
@@ -109,6 +111,24 @@ def check_count(name: str, value: object, *, minimum: int = 1, maximum: int = MA
         raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
     if not minimum <= value <= maximum:
         raise ValueError(f"{name} must be within [{minimum}, {maximum}], got {value}")
+
+
+def positive_int(
+    name: str,
+    value: object,
+    error: Callable[[str], Exception] = ValueError,
+    *,
+    noun: str = "int",
+) -> int:
+    """Return ``value`` if it is an integer of at least 1; else raise ``error`` naming ``name``.
+
+    The one check behind every count and size of the engine, the host pools and the kit: a
+    ``bool`` is not a count, and neither is a float that happens to be whole. ``error`` is the
+    exception type the caller's contract names (``ConfigError``, ``HostPoolError``, ...).
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise error(f"{name} must be a positive {noun}, got {value!r}")
+    return value
 
 
 def check_bytes(name: str, value: object, *, minimum: int = 1, maximum: int = MAX_BYTES) -> None:

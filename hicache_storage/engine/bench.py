@@ -45,6 +45,7 @@ from hicache_storage.errors import ConfigError, MissingDependencyError, Unsuppor
 from hicache_storage.factory import create_backend
 from hicache_storage.hostpool import MHAHostPool
 from hicache_storage.kernels import DevicePool
+from hicache_storage.options import positive_int
 from hicache_storage.redact import redact_options
 
 from .cache import CacheConfig, TierCache
@@ -232,9 +233,7 @@ class BenchConfig:
             "max_running",
             "repeat",
         ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+            positive_int(name, getattr(self, name), ConfigError)
         low, high = self.turn_tokens
         if not 1 <= low <= high:
             raise ConfigError(

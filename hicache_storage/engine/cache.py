@@ -53,6 +53,7 @@ from hicache_storage.keys import (
     UnifiedPlan,
     logical_dtype,
 )
+from hicache_storage.options import positive_int
 
 from .costs import CostModel
 from .errors import PoolMismatchError
@@ -81,8 +82,7 @@ pages storage does not hold is scheduled at once."""
 
 
 def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive int, got {value!r}")
+    positive_int(name, value, ConfigError)
 
 
 def _device_geometry(pool: DevicePool, page_size: int) -> str:

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from hicache_storage.errors import ConfigError, HostPoolError, InvalidValueError
+from hicache_storage.options import positive_int
 
 __all__ = [
     "DTYPES",
@@ -115,8 +116,7 @@ class ModelConfig:
             "intermediate": self.intermediate,
         }
         for name, value in sizes.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"model {name} must be a positive integer, got {value!r}")
+            positive_int(f"model {name}", value, ConfigError, noun="integer")
         if self.heads % self.kv_heads:
             raise ConfigError(
                 f"model heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads}): "

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from hicache_storage.errors import ConfigError
+from hicache_storage.options import positive_int
 
 from .cache import Lease, Lookup, TierCache
 from .errors import InvalidRequestError, PoolMismatchError, RequestFailedError, RequestTypeError
@@ -310,8 +311,7 @@ class Scheduler:
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         for name, value in (("chunk_tokens", chunk_tokens), ("max_running", max_running)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+            positive_int(name, value, ConfigError)
         _check_device_pool(model, cache)
         cache.bind_model(model.identity)  # stored pages name the model that computed them
         self.model = model

@@ -30,6 +30,7 @@ import torch
 
 from hicache_storage.backend import StorageBackend
 from hicache_storage.errors import ConfigError
+from hicache_storage.options import positive_int
 
 from .costs import CostModel
 
@@ -303,8 +304,7 @@ class StorageIO:
             ("read_threads", read_threads),
             ("write_batch_pages", write_batch_pages),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+            positive_int(name, value, ConfigError)
         self.backend = backend
         self.read_batch_pages = read_batch_pages
         self.write_batch_pages = write_batch_pages

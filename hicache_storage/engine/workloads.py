@@ -21,13 +21,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from hicache_storage.errors import ConfigError
+from hicache_storage.options import positive_int
 
 __all__ = ["Conversation", "DocumentQueries", "MultiTurn", "Turn"]
 
 
 def _positive(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive int, got {value!r}")
+    positive_int(name, value, ConfigError)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import numpy.typing as npt
 import torch
 
 from hicache_storage.errors import AllocatorError, HostPoolError, IndexAlignmentError
+from hicache_storage.options import positive_int
 
 __all__ = ["PageAllocator", "page_ids"]
 
@@ -140,8 +141,7 @@ class PageAllocator:
         AllocatorError
             If a page handed out is already marked used (allocator state is corrupt).
         """
-        if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size <= 0:
-            raise IndexAlignmentError(f"need_size must be a positive int, got {need_size!r}")
+        positive_int("need_size", need_size, IndexAlignmentError)
         if need_size % self.page_size:
             raise IndexAlignmentError(
                 f"need_size ({need_size}) must be a multiple of page_size ({self.page_size})"

@@ -35,6 +35,7 @@ import enum
 from collections.abc import Sequence
 
 from hicache_storage.errors import HostPoolError
+from hicache_storage.options import positive_int
 
 __all__ = [
     "Layout",
@@ -92,8 +93,7 @@ _SYMBOLS = {
 
 def _check_positive(**values: int) -> None:
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise HostPoolError(f"{name} must be a positive int, got {value!r}")
+        positive_int(name, value, HostPoolError)
 
 
 def _check_pages(size: int, page_size: int) -> int:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import msgspec
 
 from hicache_storage.errors import ConfigError
+from hicache_storage.options import positive_int
 
 __all__ = ["FORMAT_VERSION", "ObjectFormat", "is_format_tag"]
 
@@ -71,9 +72,7 @@ class ObjectFormat(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
     def __post_init__(self) -> None:
         for name in ("layers", "head_dim", "page_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"object format: {name} must be an int >= 1, got {value!r}")
+            positive_int(f"object format: {name}", getattr(self, name), ConfigError)
         if isinstance(self.kv_heads, bool) or not isinstance(self.kv_heads, int):
             raise ConfigError(f"object format: kv_heads must be an int, got {self.kv_heads!r}")
         if (self.attention == "mla") != (self.kv_heads == 0):

@@ -30,6 +30,7 @@ import msgspec
 
 from hicache_storage.errors import ConfigError, UnsupportedOperationError
 from hicache_storage.keys.validation import MAX_KEY_LENGTH
+from hicache_storage.options import positive_int
 
 __all__ = [
     "OBJECT_LAYOUTS",
@@ -221,9 +222,7 @@ class UnifiedPlan:
 
 
 def _positive(name: str, value: object, hint: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise KeySchemeError(f"{name} must be a positive int, got {value!r}{hint}")
-    return value
+    return positive_int(name, value, lambda message: KeySchemeError(message + hint))
 
 
 def plan_unified(

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from hicache_storage.errors import BackendClosedError
+from hicache_storage.options import positive_int
 
 __all__ = ["IOWorkers"]
 
@@ -40,9 +41,7 @@ class IOWorkers:
     """
 
     def __init__(self, threads: int, name: str) -> None:
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ValueError(f"threads must be an int >= 1, got {threads!r}")
-        self.threads = threads
+        self.threads = positive_int("threads", threads)
         self.name = name
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
