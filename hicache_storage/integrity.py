@@ -4,9 +4,12 @@ A record of :data:`RECORD_BYTES` is stored with every object: a magic number, th
 a CRC32C of its bytes, a 64-bit digest of its key and a generation (the 3FS backend's reservation
 id; 0 where a medium has none). Reading verifies all of them, so bytes that belong to another key
 (a slot reused under a late writer, a misnamed file), a missing or zeroed object (a wiped
-directory) and any torn or flipped byte are a miss, never data. Backends that see their medium
-(file, 3FS) read the record beside the value in the same vectored call and keep zero-copy;
-:class:`~hicache_storage.layers.IntegrityLayer` adds it to any other backend.
+directory) and any torn or flipped byte are a miss, never data. The backends whose medium can
+hand back another key's bytes (file, 3FS: a reused slot, a misnamed file) keep a record beside
+every value, read in the same vectored call so the page stays zero-copy; stores that keep each
+value as one object under its full name (Redis, S3, Mooncake) need none.
+:func:`~hicache_storage.kit.read_checked` and :func:`~hicache_storage.kit.write_checked` compute
+the CRC32C while a page moves, for :func:`check` and :func:`record`.
 
 Layout (little-endian)::
 
