@@ -57,7 +57,6 @@ from typing_extensions import Buffer
 
 from hicache_storage.backend import HostPool, StorageBackend
 from hicache_storage.buffers import as_readable, as_writable
-from hicache_storage.capabilities import Capabilities
 from hicache_storage.config import Deployment
 from hicache_storage.errors import (
     BatchMismatchError,
@@ -85,7 +84,7 @@ from hicache_storage.kit import (
     write_from,
 )
 
-from .config import FileConfig
+from .config import FileConfig, capabilities
 from .evictor import LRUCapacity
 
 if TYPE_CHECKING:
@@ -186,17 +185,7 @@ class FileBackend(StorageBackend):
         self._files = AtomicFiles(fsync=config.fsync)
         self.medium_faults = MediumFaults()
         """The suite's fault hook: each disk operation checks it first (see the kit)."""
-        self.capabilities = Capabilities(
-            persistent=True,
-            shared=True,
-            native_zero_copy=True,
-            bounded=config.max_bytes is not None,
-            delete=True,
-            crash_safe_writes=True,
-            atomic_first_wins=True,
-            exists_stale_s=config.metadata_ttl_s if config.metadata_cache else 0.0,
-            foreign_names=self._compat,
-        )
+        self.capabilities = capabilities(config)
         self._formats = FormatManifest(self.root)
         self._io = IOWorkers(config.threads, "hicache-file-io")
         self._owns: Callable[[str], bool] = (

@@ -7,9 +7,10 @@ from typing import Literal
 
 import msgspec
 
+from hicache_storage.capabilities import Capabilities
 from hicache_storage.options import MAX_TTL_S, check_bytes, check_count, check_seconds
 
-__all__ = ["FileConfig"]
+__all__ = ["FileConfig", "capabilities"]
 
 _OWNERSHIP = ("all", "rank")
 _NAMING = ("hicache", "sglang_file_compat")
@@ -153,3 +154,25 @@ class FileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         if self.integrity is None:
             return self.naming == "hicache"
         return self.integrity
+
+
+def capabilities(config: FileConfig | None = None) -> Capabilities:
+    """Return what a file backend with ``config`` promises; without one, what defaults promise.
+
+    The registry's record and every instance read this one function. None of it depends on
+    ``integrity``: bare values are still published atomically (crash-safe, first wins) and read
+    zero-copy.
+    """
+    if config is None:
+        config = FileConfig(root=".")  # no claim depends on the directory
+    return Capabilities(
+        persistent=True,
+        shared=True,
+        native_zero_copy=True,
+        bounded=config.max_bytes is not None,
+        delete=True,
+        crash_safe_writes=True,
+        atomic_first_wins=True,
+        exists_stale_s=config.metadata_ttl_s if config.metadata_cache else 0.0,
+        foreign_names=config.naming == "sglang_file_compat",
+    )

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from hicache_storage.capabilities import Capabilities
 from hicache_storage.registry import BackendSpec, hookimpl
+
+from .config import capabilities
 
 if TYPE_CHECKING:
     from hicache_storage.backend import StorageBackend
@@ -19,19 +20,7 @@ SPEC = BackendSpec(
     config="hicache_storage.backends.file.config:FileConfig",
     extra=None,
     requires=(),
-    # What the default config promises; an instance with max_bytes set also claims ``bounded``.
-    # None of these depends on ``naming``/``integrity``: bare values are still published
-    # atomically (crash-safe, first wins) and read zero-copy.
-    capabilities=Capabilities(
-        persistent=True,
-        shared=True,
-        native_zero_copy=True,
-        bounded=False,
-        delete=True,
-        crash_safe_writes=True,
-        atomic_first_wins=True,
-        exists_stale_s=5.0,
-    ),
+    capabilities=capabilities(),
     baseline="hicache_storage.backends.file.baseline:RawDiskBaseline",
     description="one file per key under a directory",
 )

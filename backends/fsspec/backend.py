@@ -42,7 +42,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -53,7 +53,6 @@ from hicache_storage import (
     BackendTimeoutError,
     BackendUnavailableError,
     BufferSizeError,
-    Capabilities,
     ConfigError,
     Deployment,
     HiCacheError,
@@ -76,32 +75,13 @@ from hicache_storage.kit import (
 )
 from hicache_storage.redact import redact_text, redact_url, secrets_in
 
-from .config import FsspecConfig
+from .config import CAPABILITIES, FsspecConfig, Kind, capabilities
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["CAPABILITIES", "FsspecBackend", "Kind", "open_filesystem"]
 
-Kind = Literal["local", "memory", "s3", "other"]
-"""The media the backend tells apart; each has its own write path and capabilities."""
-
-CAPABILITIES: dict[Kind, Capabilities] = {
-    "local": Capabilities(
-        persistent=True,
-        shared=True,
-        native_zero_copy=True,
-        delete=True,
-        crash_safe_writes=True,
-        atomic_first_wins=True,
-    ),
-    "memory": Capabilities(delete=True, atomic_first_wins=True),
-    "s3": Capabilities(
-        persistent=True, shared=True, delete=True, crash_safe_writes=True, atomic_first_wins=True
-    ),
-    "other": Capabilities(delete=True),
-}
-"""What an instance claims on each medium (the module docstring says why)."""
 
 EXTRAS: dict[str, str] = {"s3": "fsspec-s3", "s3a": "fsspec-s3"}
 """The hicache-storage extra that installs each protocol's fsspec implementation."""
@@ -304,7 +284,7 @@ class FsspecBackend(StorageBackend):
     """One object per key under an fsspec URL; see the module docstring for each medium."""
 
     name = "fsspec"
-    capabilities = CAPABILITIES["other"]
+    capabilities = capabilities()
 
     def __init__(self, config: FsspecConfig, deployment: Deployment | None = None) -> None:
         super().__init__()
@@ -313,7 +293,7 @@ class FsspecBackend(StorageBackend):
         self.medium_faults = MediumFaults()
         self.fs, self.root = open_filesystem(config, self.errors)
         self.kind = _kind(self.fs)
-        self.capabilities = CAPABILITIES[self.kind]
+        self.capabilities = capabilities(self.kind)
         self.paths = FanoutPaths(self.root, fanout=config.fanout, sep="/")
         self._deadline_s = config.deadline_s
         self._concurrency = config.max_concurrency

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
+from hicache_storage.capabilities import Capabilities
 from hicache_storage.options import check_count, check_seconds
 from hicache_storage.redact import redact_options, redact_url
 
-__all__ = ["FsspecConfig"]
+__all__ = ["CAPABILITIES", "FsspecConfig", "Kind", "capabilities"]
 
 _RESERVED = frozenset({"skip_instance_cache", "use_listings_cache", "listings_expiry_time"})
 """Options the backend sets itself: a cached listing or a shared instance would serve other
@@ -81,3 +82,33 @@ class FsspecConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             f"fanout={self.fanout!r}, deadline_s={self.deadline_s!r}, "
             f"max_concurrency={self.max_concurrency!r})"
         )
+
+
+Kind = Literal["local", "memory", "s3", "other"]
+"""The media the backend tells apart; each has its own write path and capabilities."""
+
+CAPABILITIES: dict[Kind, Capabilities] = {
+    "local": Capabilities(
+        persistent=True,
+        shared=True,
+        native_zero_copy=True,
+        delete=True,
+        crash_safe_writes=True,
+        atomic_first_wins=True,
+    ),
+    "memory": Capabilities(delete=True, atomic_first_wins=True),
+    "s3": Capabilities(
+        persistent=True, shared=True, delete=True, crash_safe_writes=True, atomic_first_wins=True
+    ),
+    "other": Capabilities(delete=True),
+}
+"""What an instance claims on each medium (the module docstring says why)."""
+
+
+def capabilities(kind: Kind = "other") -> Capabilities:
+    """Return what an instance on a medium of ``kind`` claims (``CAPABILITIES``).
+
+    The registry's record is ``"other"``'s: what any URL is sure of before the filesystem it
+    names is opened.
+    """
+    return CAPABILITIES[kind]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from hicache_storage import BackendSpec, Capabilities, hookimpl
+from hicache_storage import BackendSpec, hookimpl
+
+from .config import capabilities
 
 __all__ = ["SPEC", "hicache_backends"]
 
@@ -13,7 +15,7 @@ SPEC = BackendSpec(
     extra="fsspec",
     requires=("fsspec",),
     # What every URL gets; an instance claims more from its medium (file://, memory://, s3://).
-    capabilities=Capabilities(delete=True),
+    capabilities=capabilities(),
     baseline="hicache_storage.backends.fsspec.baseline:FsspecBaseline",
     description="one object per key under any fsspec URL (file://, memory://, s3:// ...)",
 )

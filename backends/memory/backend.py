@@ -9,20 +9,16 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import msgspec
 from typing_extensions import Buffer
 
 from hicache_storage.backend import StorageBackend, copy_into
 from hicache_storage.buffers import as_readable
-from hicache_storage.capabilities import Capabilities
 from hicache_storage.config import Deployment
 from hicache_storage.kit import closed_guard
 
+from .config import MemoryConfig, capabilities
+
 __all__ = ["DictBaseline", "MemoryBackend", "MemoryConfig"]
-
-
-class MemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Options of the memory backend (it has none)."""
 
 
 @closed_guard
@@ -30,7 +26,7 @@ class MemoryBackend(StorageBackend):
     """Keep every value in a dictionary; the first complete value of a key wins."""
 
     name = "memory"
-    capabilities = Capabilities(delete=True, atomic_first_wins=True)
+    capabilities = capabilities()
 
     def __init__(
         self, config: MemoryConfig | None = None, deployment: Deployment | None = None

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from hicache_storage.capabilities import Capabilities
 from hicache_storage.registry import BackendSpec, hookimpl
+
+from .config import capabilities
 
 SPEC = BackendSpec(
     name="memory",
     factory="hicache_storage.backends.memory.backend:MemoryBackend",
-    config="hicache_storage.backends.memory.backend:MemoryConfig",
-    capabilities=Capabilities(delete=True, atomic_first_wins=True),
+    config="hicache_storage.backends.memory.config:MemoryConfig",
+    capabilities=capabilities(),
     baseline="hicache_storage.backends.memory.backend:DictBaseline",
     description="in-process dictionary; the reference and test oracle",
 )

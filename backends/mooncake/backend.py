@@ -85,7 +85,7 @@ from .client import (
     acquire,
     code_name,
 )
-from .config import MooncakeConfig, MooncakeSettings
+from .config import MooncakeConfig, MooncakeSettings, capabilities
 
 if TYPE_CHECKING:
     import torch
@@ -117,21 +117,8 @@ def clear_pattern(prefix: str) -> str:
 
 
 def capabilities_for(settings: MooncakeSettings) -> Capabilities:
-    """Return what an instance with ``settings`` can promise.
-
-    Objects may land in any mounted segment, this process's own included, and those die with
-    the process (a killed process's segment even keeps taking puts, which fail, until the master
-    expires it). So only a pure client (``global_segment_size=0``, the default) promises that
-    data outlives the writer (``persistent``) and reaches processes started later (``shared``).
-    """
-    pure_client = settings.global_segment_size == 0
-    return Capabilities(
-        persistent=pure_client,
-        shared=pure_client,
-        native_zero_copy=True,
-        delete=True,
-        crash_safe_writes=True,
-    )
+    """Return what an instance with ``settings`` can promise (:func:`.config.capabilities`)."""
+    return capabilities(settings.global_segment_size)
 
 
 def unique_rounds(names: Sequence[str]) -> list[list[int]]:

@@ -19,11 +19,13 @@ from typing import Any, Literal
 
 import msgspec
 
+from hicache_storage.capabilities import Capabilities
 from hicache_storage.errors import ConfigError
 from hicache_storage.options import MAX_BYTES, bytes_of, check_port, check_seconds
 from hicache_storage.redact import redact_url
 
 __all__ = [
+    "capabilities",
     "CONFIG_PATH_ENV",
     "DEFAULT_DEADLINE_S",
     "DEFAULT_GLOBAL_SEGMENT_SIZE",
@@ -404,3 +406,22 @@ def _checked(
         check(name, value)
     except ValueError as exc:
         raise ConfigError(f"{exc} (from {origin[name]})") from None
+
+
+def capabilities(global_segment_size: int = DEFAULT_GLOBAL_SEGMENT_SIZE) -> Capabilities:
+    """Return what a Mooncake backend mounting ``global_segment_size`` bytes promises.
+
+    The registry's record (the default, a pure client) and every instance read this one
+    function. Objects may land in any mounted segment, this process's own included, and those
+    die with the process (a killed process's segment even keeps taking puts, which fail, until
+    the master expires it). So only a pure client (``global_segment_size=0``) promises that data
+    outlives the writer (``persistent``) and reaches processes started later (``shared``).
+    """
+    pure_client = global_segment_size == 0
+    return Capabilities(
+        persistent=pure_client,
+        shared=pure_client,
+        native_zero_copy=True,
+        delete=True,
+        crash_safe_writes=True,
+    )

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from hicache_storage.capabilities import Capabilities
 from hicache_storage.registry import BackendSpec, hookimpl
+
+from .config import capabilities
 
 __all__ = ["SPEC", "hicache_backends"]
 
@@ -15,13 +16,7 @@ SPEC = BackendSpec(
     requires=("mooncake",),
     # The default config is a pure client (global_segment_size=0); an instance that mounts a
     # segment of its own claims neither persistent nor shared (see MooncakeBackend).
-    capabilities=Capabilities(
-        persistent=True,
-        shared=True,
-        native_zero_copy=True,
-        delete=True,
-        crash_safe_writes=True,
-    ),
+    capabilities=capabilities(),
     baseline="hicache_storage.backends.mooncake.baseline:RawMooncakeBaseline",
     description="Mooncake distributed store (zero-copy page I/O through registered memory)",
     namespace_option="prefix",

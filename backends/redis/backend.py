@@ -72,7 +72,6 @@ from typing_extensions import Buffer
 
 from hicache_storage.backend import StorageBackend
 from hicache_storage.buffers import as_readable, as_writable
-from hicache_storage.capabilities import Capabilities
 from hicache_storage.config import Deployment
 from hicache_storage.errors import (
     BackendError,
@@ -85,16 +84,13 @@ from hicache_storage.errors import (
 from hicache_storage.kit import closed_guard
 from hicache_storage.redact import redact_text
 
-from .config import RedisConfig
+from .config import MAX_VALUE_SIZE, RedisConfig, capabilities
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["MAX_VALUE_SIZE", "RedisBackend", "connect"]
 
-
-MAX_VALUE_SIZE = 512 << 20
-"""Largest value Redis accepts by default (``proto-max-bulk-len``)."""
 
 _SCAN_COUNT = 1000
 _READ_SIZE = 1 << 18
@@ -702,15 +698,7 @@ class RedisBackend(StorageBackend):
         super().__init__()
         self.config = config
         self.deployment = deployment if deployment is not None else Deployment()
-        self.capabilities = Capabilities(
-            persistent=True,
-            shared=True,
-            delete=True,
-            ttl=config.ttl_s is not None,
-            crash_safe_writes=True,
-            atomic_first_wins=True,  # SET NX: Redis applies one command at a time
-            max_value_size=MAX_VALUE_SIZE,
-        )
+        self.capabilities = capabilities(config)
         self._where = _where(config)
         self._namespace = config.namespace.encode("ascii") + b":"
         self._chunk = config.batch_chunk_size

@@ -7,10 +7,19 @@ import urllib.parse
 
 import msgspec
 
+from hicache_storage.capabilities import Capabilities
 from hicache_storage.options import MAX_COUNT, MAX_TTL_S, check_count, check_port, check_seconds
 from hicache_storage.redact import MASK, redact_url, secrets_in
 
-__all__ = ["DEFAULT_CONNECT_TIMEOUT_S", "Endpoint", "RedisConfig", "parse_node", "parse_url"]
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT_S",
+    "MAX_VALUE_SIZE",
+    "Endpoint",
+    "RedisConfig",
+    "capabilities",
+    "parse_node",
+    "parse_url",
+]
 
 DEFAULT_CONNECT_TIMEOUT_S = 2.0
 """``connect_timeout_s`` when unset (and ``deadline_s`` is longer)."""
@@ -261,3 +270,24 @@ class RedisConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     def scan_pattern(self) -> str:
         """Return the SCAN ``MATCH`` pattern of this namespace (no glob character can occur)."""
         return f"{self.namespace}:*"
+
+
+MAX_VALUE_SIZE = 512 << 20
+"""Redis's limit on one string value (``proto-max-bulk-len``'s default)."""
+
+
+def capabilities(config: RedisConfig | None = None) -> Capabilities:
+    """Return what a Redis backend with ``config`` promises; without one, what defaults do.
+
+    The registry's record and every instance read this one function: ``ttl`` only with
+    ``ttl_s`` set; first wins because ``SET NX`` runs one command at a time.
+    """
+    return Capabilities(
+        persistent=True,
+        shared=True,
+        delete=True,
+        ttl=config is not None and config.ttl_s is not None,
+        crash_safe_writes=True,
+        atomic_first_wins=True,
+        max_value_size=MAX_VALUE_SIZE,
+    )

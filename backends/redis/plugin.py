@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from hicache_storage.capabilities import Capabilities
 from hicache_storage.registry import BackendSpec, hookimpl
+
+from .config import capabilities
 
 __all__ = ["SPEC", "hicache_backends"]
 
@@ -13,15 +14,7 @@ SPEC = BackendSpec(
     config="hicache_storage.backends.redis.config:RedisConfig",
     extra="redis",
     requires=("redis",),
-    # What the default config promises; an instance with ttl_s set also claims ``ttl``.
-    capabilities=Capabilities(
-        persistent=True,
-        shared=True,
-        delete=True,
-        crash_safe_writes=True,
-        atomic_first_wins=True,
-        max_value_size=512 << 20,
-    ),
+    capabilities=capabilities(),
     baseline="hicache_storage.backends.redis.baseline:RawRedisBaseline",
     description="Redis server or Redis Cluster (redis-py + hiredis)",
     namespace_option="prefix",

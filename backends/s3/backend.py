@@ -87,7 +87,6 @@ from typing_extensions import Buffer
 
 from hicache_storage.backend import StorageBackend
 from hicache_storage.buffers import as_readable, as_writable
-from hicache_storage.capabilities import Capabilities
 from hicache_storage.config import Deployment
 from hicache_storage.errors import (
     BackendError,
@@ -103,7 +102,7 @@ from hicache_storage.keys.validation import validate_key
 from hicache_storage.kit import closed_guard
 from hicache_storage.redact import redact_text, redact_url
 
-from .config import MAX_OBJECT_KEY_BYTES, S3Config
+from .config import MAX_OBJECT_KEY_BYTES, MAX_PUT_BYTES, S3Config, capabilities
 
 if TYPE_CHECKING:
     import torch
@@ -114,7 +113,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-MAX_PUT_BYTES = 5 << 30
 """The largest object one ``PutObject`` may carry (5 GiB)."""
 
 HASHED_MARK = "~sha256-"
@@ -365,13 +363,7 @@ class S3Backend(StorageBackend):
         super().__init__()
         self.config = config
         self.deployment = deployment if deployment is not None else Deployment()
-        self.capabilities = Capabilities(
-            persistent=True,
-            shared=True,
-            delete=True,
-            crash_safe_writes=True,
-            max_value_size=MAX_PUT_BYTES,
-        )
+        self.capabilities = capabilities()
         self._bucket = config.bucket
         prefix = config.prefix
         self._prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"

@@ -13,10 +13,17 @@ from typing import Literal
 
 import msgspec
 
+from hicache_storage.capabilities import Capabilities
 from hicache_storage.options import check_count, check_port, check_seconds
 from hicache_storage.redact import redact_url
 
-__all__ = ["MAX_OBJECT_KEY_BYTES", "HASHED_NAME_BYTES", "S3Config"]
+__all__ = [
+    "HASHED_NAME_BYTES",
+    "MAX_OBJECT_KEY_BYTES",
+    "MAX_PUT_BYTES",
+    "S3Config",
+    "capabilities",
+]
 
 MAX_OBJECT_KEY_BYTES = 1024
 """The longest object key S3 accepts, in UTF-8 bytes."""
@@ -201,3 +208,21 @@ class S3Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         backoff = sum(_NON_THROTTLING_BACKOFF_S * float(1 << i) for i in range(attempts - 1))
         per_attempt = self.attempt_connect_timeout_s + self.attempt_read_timeout_s
         return min(self.deadline_s, attempts * per_attempt + backoff)
+
+
+MAX_PUT_BYTES = 5 << 30
+"""The largest object one S3 PUT stores (5 GiB)."""
+
+
+def capabilities() -> Capabilities:
+    """Return what every S3 backend promises: the registry's record and each instance's.
+
+    No option changes it.
+    """
+    return Capabilities(
+        persistent=True,
+        shared=True,
+        delete=True,
+        crash_safe_writes=True,
+        max_value_size=MAX_PUT_BYTES,
+    )

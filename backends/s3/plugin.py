@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from hicache_storage.capabilities import Capabilities
 from hicache_storage.registry import BackendSpec, hookimpl
+
+from .config import capabilities
 
 __all__ = ["SPEC", "hicache_backends"]
 
@@ -13,13 +14,7 @@ SPEC = BackendSpec(
     config="hicache_storage.backends.s3.config:S3Config",
     extra="s3",
     requires=("boto3", "botocore"),
-    capabilities=Capabilities(
-        persistent=True,
-        shared=True,
-        delete=True,
-        crash_safe_writes=True,
-        max_value_size=5 << 30,
-    ),
+    capabilities=capabilities(),
     baseline="hicache_storage.backends.s3.baseline:RawBoto3Baseline",
     description="one object per key in an S3 (or S3-compatible) bucket, under a prefix",
     namespace_option="prefix",

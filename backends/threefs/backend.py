@@ -49,7 +49,6 @@ from typing_extensions import Buffer
 
 from hicache_storage.backend import StorageBackend
 from hicache_storage.buffers import as_readable, as_writable
-from hicache_storage.capabilities import Capabilities
 from hicache_storage.config import Deployment
 from hicache_storage.errors import (
     BackendClosedError,
@@ -62,9 +61,9 @@ from hicache_storage.errors import (
 from hicache_storage.integrity import RECORD_BYTES, seal, verify
 from hicache_storage.kit import POSIX_ERRORS, ErrorMap, MediumFaults, closed_guard, flat
 
-from .config import ThreeFSConfig
+from .config import ThreeFSConfig, capabilities
 from .io import IORequest, SlotIO, open_io
-from .metadata import Geometry, GeometryError, Location, Metadata, Reservation
+from .metadata import GeometryError, Location, Metadata, Reservation
 from .metadata_http import HttpMetadata, Unauthorized
 from .metadata_local import LocalMetadata
 
@@ -166,9 +165,7 @@ class ThreeFSBackend(StorageBackend):
         self.deployment = deployment if deployment is not None else Deployment()
         self.namespace = namespace_of(config, self.deployment)
         self.root = os.path.abspath(os.path.expanduser(config.path))
-        self.geometry = Geometry(
-            config.slot_bytes, config.file_size // config.slot_bytes, config.file_count
-        )
+        self.geometry = config.geometry()
         self.paths = [
             os.path.join(self.root, f"{self.namespace}.{i}.bin") for i in range(config.file_count)
         ]
@@ -187,16 +184,7 @@ class ThreeFSBackend(StorageBackend):
             )
         self._writer = self.deployment.scheme().is_writer
         self._records = config.integrity
-        self.capabilities = Capabilities(
-            persistent=shared,
-            shared=shared,
-            native_zero_copy=True,
-            bounded=True,
-            delete=True,
-            crash_safe_writes=shared,
-            atomic_first_wins=True,
-            max_value_size=self.geometry.capacity,
-        )
+        self.capabilities = capabilities(config)
         self._counters: Counter[str] = Counter()
         self._counter_lock = threading.Lock()
         self._lock_fd: int | None = None

@@ -8,11 +8,14 @@ from typing import Literal
 
 import msgspec
 
+from hicache_storage.capabilities import Capabilities
 from hicache_storage.integrity import RECORD_BYTES
 from hicache_storage.options import MAX_COUNT, check_bytes, check_count, check_seconds
 from hicache_storage.redact import redact_url
 
-__all__ = ["ThreeFSConfig"]
+from .metadata import Geometry
+
+__all__ = ["ThreeFSConfig", "capabilities"]
 
 _PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
@@ -128,8 +131,32 @@ class ThreeFSConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         if self.metadata_token is not None and self.metadata_url is None:
             raise ValueError("metadata_token is set but metadata_url is not")
 
+    def geometry(self) -> Geometry:
+        """Return how each file is cut into slots."""
+        return Geometry(self.slot_bytes, self.file_size // self.slot_bytes, self.file_count)
+
     @property
     def stored_file_size(self) -> int:
         """Bytes of each data file: the slots, then one integrity record per slot if enabled."""
         records = (self.file_size // self.slot_bytes) * RECORD_BYTES if self.integrity else 0
         return self.file_size + records
+
+
+def capabilities(config: ThreeFSConfig | None = None) -> Capabilities:
+    """Return what a 3FS backend with ``config`` promises; without one, the registry's record.
+
+    In-process metadata dies with the process, so only an instance with ``metadata_url`` claims
+    persistent, shared and crash-safe writes; a value may take every slot, so the largest one is
+    the namespace's capacity, known once a config is (None in the registry's record).
+    """
+    shared = config is not None and config.metadata_url is not None
+    return Capabilities(
+        persistent=shared,
+        shared=shared,
+        native_zero_copy=True,
+        bounded=True,
+        delete=True,
+        crash_safe_writes=shared,
+        atomic_first_wins=True,
+        max_value_size=None if config is None else config.geometry().capacity,
+    )

@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 
 import click
 
-from hicache_storage.capabilities import Capabilities
 from hicache_storage.registry import BackendSpec, hookimpl
+
+from .config import capabilities
 
 if TYPE_CHECKING:
     from hicache_storage.backend import StorageBackend
@@ -23,11 +24,7 @@ SPEC = BackendSpec(
     # the backend runs on plain POSIX I/O without it.
     extra="3fs",
     requires=(),
-    # What an instance with in-process metadata promises; with metadata_url it also claims
-    # persistent, shared and crash_safe_writes, and max_value_size is its capacity.
-    capabilities=Capabilities(
-        native_zero_copy=True, bounded=True, delete=True, atomic_first_wins=True
-    ),
+    capabilities=capabilities(),
     baseline="hicache_storage.backends.threefs.baseline:RawFileBaseline",
     description="slots of large files on a 3FS mount, key -> slot map in process or shared",
     namespace_option="file_prefix",
