@@ -9,6 +9,7 @@ keys and wrong types raise :class:`~hicache_storage.errors.ConfigError` naming t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -144,17 +145,12 @@ class Deployment(_Config, frozen=True):
             self.unified_plan()
 
     def rank_suffix(self) -> RankSuffixScheme:
-        """Return this rank's rank-suffix key scheme (validates ranks against sizes)."""
-        return RankSuffixScheme(
-            model_name=self.model_name,
-            tp_rank=self.tp_rank,
-            tp_size=self.tp_size,
-            pp_rank=self.pp_rank,
-            pp_size=self.pp_size,
-            cp_rank=self.cp_rank,
-            cp_size=self.cp_size,
-            is_mla=self.is_mla,
-        )
+        """Return this rank's rank-suffix key scheme (validates ranks against sizes).
+
+        The scheme takes every fact of the rank it shares a name with (model, ranks and sizes,
+        MLA), so a field added to both reaches the keys without being copied here.
+        """
+        return RankSuffixScheme(**{name: getattr(self, name) for name in _RANK_FACTS})
 
     def unified_plan(self) -> UnifiedPlan:
         """Return this rank's unified-scheme plan.
@@ -194,6 +190,14 @@ class Deployment(_Config, frozen=True):
     def scheme(self) -> KeyScheme:
         """Return the key scheme this deployment uses (see :attr:`key_scheme`)."""
         return self.unified_plan() if self.key_scheme == "unified" else self.rank_suffix()
+
+
+_RANK_FACTS = tuple(
+    field.name
+    for field in dataclasses.fields(RankSuffixScheme)
+    if field.name in Deployment.__struct_fields__
+)
+"""The rank-suffix scheme's fields that a :class:`Deployment` states."""
 
 
 class FaultRule(_Config, frozen=True):

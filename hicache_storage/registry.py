@@ -18,7 +18,7 @@ import threading
 import warnings
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import msgspec
 import pluggy
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ENTRY_POINT_GROUP",
     "PLUGINS_ENV",
+    "BackendFactory",
     "BackendSpec",
     "BrokenPlugin",
     "Origin",
@@ -54,6 +55,14 @@ PLUGINS_ENV = "HICACHE_PLUGINS"
 development, not installed yet, is found in every process that inherits the variable (the
 conformance suite's worker processes too)."""
 hookimpl = hookspecs.hookimpl
+
+
+class BackendFactory(Protocol):
+    """What a :attr:`BackendSpec.factory` names (a backend class's constructor is one)."""
+
+    def __call__(self, config: Any, deployment: Deployment, /) -> StorageBackend:
+        """Return the bare backend for validated options ``config`` and ``deployment``."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,7 +126,8 @@ class BackendSpec:
 
     def build(self, options: msgspec.Struct, deployment: Deployment) -> StorageBackend:
         """Construct the bare backend (no layers)."""
-        return self.load_factory()(options, deployment)  # type: ignore[call-arg]
+        factory: BackendFactory = self._load(self.factory)
+        return factory(options, deployment)
 
     def _load(self, target: str) -> Any:
         module_name, _, attribute = target.partition(":")
