@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ENTRY_POINT_GROUP",
     "PLUGINS_ENV",
-    "BackendFactory",
+    "BackendConstructor",
     "BackendSpec",
     "BrokenPlugin",
     "Origin",
@@ -57,7 +57,7 @@ conformance suite's worker processes too)."""
 hookimpl = hookspecs.hookimpl
 
 
-class BackendFactory(Protocol):
+class BackendConstructor(Protocol):
     """What a :attr:`BackendSpec.factory` names (a backend class's constructor is one)."""
 
     def __call__(self, config: Any, deployment: Deployment, /) -> StorageBackend:
@@ -126,7 +126,7 @@ class BackendSpec:
 
     def build(self, options: msgspec.Struct, deployment: Deployment) -> StorageBackend:
         """Construct the bare backend (no layers)."""
-        factory: BackendFactory = self._load(self.factory)
+        factory: BackendConstructor = self._load(self.factory)
         return factory(options, deployment)
 
     def _load(self, target: str) -> Any:
