@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +26,7 @@ from .options import check_count, check_seconds
 from .redact import redact_text, secrets_in
 
 __all__ = [
+    "BUILT_IN_LAYERS",
     "ENV_PREFIX",
     "MAX_DEPTH",
     "MAX_INT_BITS",
@@ -256,11 +258,52 @@ class LayerConfig(_Config, frozen=True):
         Turn infrastructure errors into counted misses so storage never fails a request.
     faults
         Inject delays and failures (off unless set).
+    stack
+        The layers inside validation (always outermost), outermost first: ``"degrade"``,
+        ``"metrics"``, ``"faults"`` (with ``faults`` set) and ``"module:Class"`` for a layer
+        of your own, a :class:`~hicache_storage.layers.ForwardingBackend` subclass called with
+        the backend it wraps. None (the default) is today's order from the flags above:
+        degrade, metrics, faults. With a stack, the flags stay at their defaults.
     """
 
     metrics: bool = True
     degrade: bool = True
     faults: FaultConfig | None = None
+    stack: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.stack is None:
+            return
+        if not (self.metrics and self.degrade):
+            raise ValueError(
+                "name the layers in stack instead of turning metrics or degrade off beside it"
+            )
+        seen: set[str] = set()
+        for entry in self.stack:
+            if entry not in BUILT_IN_LAYERS and not _LAYER_PATH.fullmatch(entry):
+                raise ValueError(
+                    f"unknown layer {entry!r} in stack: name one of "
+                    f"{', '.join(BUILT_IN_LAYERS)} or a layer class as 'module:Class'"
+                )
+            if entry in seen:
+                raise ValueError(f"layer {entry!r} appears twice in stack")
+            seen.add(entry)
+        if ("faults" in seen) != (self.faults is not None):
+            raise ValueError("stack names 'faults' exactly when faults is set")
+
+    def layer_stack(self) -> tuple[str, ...]:
+        """Return the layers inside validation, outermost first (:attr:`stack` resolved)."""
+        if self.stack is not None:
+            return self.stack
+        flags = {"degrade": self.degrade, "metrics": self.metrics}
+        flags["faults"] = self.faults is not None
+        return tuple(name for name in BUILT_IN_LAYERS if flags[name])
+
+
+BUILT_IN_LAYERS = ("degrade", "metrics", "faults")
+"""The layers :attr:`LayerConfig.stack` names by word, in their default order."""
+
+_LAYER_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
 class HiCacheConfig(_Config, frozen=True):

@@ -2,32 +2,67 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from .backend import StorageBackend
 from .config import Deployment, HiCacheConfig, LayerConfig, convert, load_config, read_source
-from .layers import DegradeLayer, FaultInjectionLayer, MetricsLayer, ValidationLayer
+from .errors import ConfigError
+from .layers import (
+    DegradeLayer,
+    FaultInjectionLayer,
+    ForwardingBackend,
+    MetricsLayer,
+    ValidationLayer,
+)
 from .registry import get_spec
 
 __all__ = ["apply_layers", "create_backend", "open_backend"]
 
 
 def apply_layers(backend: StorageBackend, layers: LayerConfig | None = None) -> StorageBackend:
-    """Wrap ``backend`` as ``Validation(Degrade(Metrics(Faults(backend))))``.
+    """Wrap ``backend`` in validation and then the configured stack (by default the built-ins).
 
-    Validation is outermost so caller mistakes raise before anything else runs; metrics sit
-    inside degrade so they see (and count) the infrastructure errors degrade turns into misses;
-    injected faults are innermost so they look exactly like backend failures.
+    By default the result is ``Validation(Degrade(Metrics(Faults(backend))))``. Validation is
+    always outermost so caller mistakes raise before anything else runs; by default
+    metrics sit inside degrade so they see (and count) the infrastructure errors degrade turns
+    into misses, and injected faults are innermost so they look exactly like backend failures.
+    :attr:`LayerConfig.stack` orders them otherwise, or adds a layer of one's own by its
+    ``"module:Class"`` path.
+
+    Raises
+    ------
+    ConfigError
+        If a layer named by path cannot be imported or is not a layer.
     """
     layers = layers or LayerConfig()
     wrapped = backend
-    if layers.faults is not None:
-        wrapped = FaultInjectionLayer(wrapped, layers.faults)
-    if layers.metrics:
-        wrapped = MetricsLayer(wrapped)
-    if layers.degrade:
-        wrapped = DegradeLayer(wrapped)
+    for name in reversed(layers.layer_stack()):
+        wrapped = _layer(name, wrapped, layers)
     return ValidationLayer(wrapped)
+
+
+def _layer(name: str, inner: StorageBackend, layers: LayerConfig) -> StorageBackend:
+    """Return ``inner`` wrapped in the layer ``name`` (a built-in's word or a class path)."""
+    if name == "degrade":
+        return DegradeLayer(inner)
+    if name == "metrics":
+        return MetricsLayer(inner)
+    if name == "faults":
+        assert layers.faults is not None  # LayerConfig checks that the stack and faults agree
+        return FaultInjectionLayer(inner, layers.faults)
+    module_name, _, attribute = name.partition(":")
+    try:
+        layer = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"layer {name!r} could not be loaded: {exc}") from exc
+    if not (isinstance(layer, type) and issubclass(layer, ForwardingBackend)):
+        raise ConfigError(
+            f"layer {name!r} is not a layer: name a subclass of "
+            "hicache_storage.layers.ForwardingBackend"
+        )
+    built: StorageBackend = layer(inner)
+    return built
 
 
 def create_backend(
