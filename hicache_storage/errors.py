@@ -11,7 +11,8 @@ catch either. Two families matter to a serving engine:
 
     HiCacheError
     ├── ConfigError                  (ValueError)
-    │   └── UnknownBackendError      (LookupError)
+    │   ├── UnknownBackendError      (LookupError)
+    │   └── PoolMismatchError ¹      (also a HostPoolError)
     ├── MissingDependencyError       (ImportError)
     ├── InvalidKeyError              (ValueError)
     ├── InvalidValueError            (TypeError)
@@ -23,12 +24,20 @@ catch either. Two families matter to a serving engine:
     │   └── AllocatorError           (RuntimeError)
     ├── BackendClosedError           (RuntimeError)
     ├── UnsupportedOperationError    (NotImplementedError)
-    └── BackendError                 (infrastructure; ``retryable`` says if a retry may help)
-        ├── BackendUnavailableError  (ConnectionError)
-        │   └── InjectedFaultError
-        ├── BackendTimeoutError      (TimeoutError)
-        ├── BackendIOError           (OSError)
-        └── IntegrityError           (ValueError)
+    ├── BackendError                 (infrastructure; ``retryable`` says if a retry may help)
+    │   ├── BackendUnavailableError  (ConnectionError)
+    │   │   └── InjectedFaultError
+    │   ├── BackendTimeoutError      (TimeoutError)
+    │   ├── BackendIOError           (OSError)
+    │   └── IntegrityError           (ValueError)
+    ├── InvalidRequestError ¹        (ValueError)  a request refused before admission
+    │   └── RequestTypeError ¹       (TypeError)
+    └── RequestFailedError ¹         (RuntimeError) a request failed while served
+
+¹ The tier engine's, in ``hicache_storage.engine.errors`` (exported by
+``hicache_storage.engine``): the core does not import the engine, but a caller catching
+:class:`HiCacheError` catches them too. A request's errors are not pool errors: only a pool that
+disagrees with the model is a :class:`HostPoolError`.
 """
 
 from __future__ import annotations
