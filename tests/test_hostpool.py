@@ -687,3 +687,47 @@ def test_allocator_threads_never_share_slots() -> None:
     held = [i for slot in results for i in slot]
     assert len(held) == len(set(held))
     assert alloc.available_size() + len(held) == 4096
+
+
+def test_one_v1_call_checks_its_host_indices_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hicache_storage import create_backend
+    from hicache_storage.hostpool import allocator
+
+    pool = MHAHostPool(64, 8, 2, 2, 4, torch.float16, "page_first", False)
+    backend = create_backend("memory")
+    backend.register_host_pool(pool)
+    calls = []
+    real = allocator.page_ids
+
+    def counted(*args: object) -> torch.Tensor:
+        calls.append(args)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(allocator, "page_ids", counted)
+    indices = torch.arange(16)
+    assert backend.batch_set_v1(["a", "b"], indices) == [True, True]
+    assert len(calls) == 1  # the validation layer's check serves the backend's views too
+    assert backend.batch_get_v1(["a", "b"], torch.arange(16, 32)) == [True, True]
+    assert len(calls) == 2
+    backend.close()
+
+
+def test_page_starts_sees_a_tensor_changed_in_place() -> None:
+    from hicache_storage.hostpool.allocator import page_starts
+
+    indices = torch.arange(16)
+    assert page_starts(indices, 8, 64) == [0, 8]
+    indices[8:] += 8  # the same tensor object, now pages 0 and 16
+    assert page_starts(indices, 8, 64) == [0, 16]
+    indices[:8] += 3  # misaligned: must be checked again, not answered from memory
+    with pytest.raises(IndexAlignmentError):
+        page_starts(indices, 8, 64)
+    view = indices[8:]
+    assert page_starts(view, 8, 64) == [16]
+    view.fill_(100)  # out of range, through a view of a remembered tensor
+    with pytest.raises(IndexAlignmentError):
+        page_starts(indices[8:], 8, 64)
+    with pytest.raises(IndexAlignmentError):
+        page_starts(view, 8, 64)
+    assert page_starts(torch.arange(8), 8, 16) == [0]
+    assert page_starts(list(range(8, 16)), 8, 16) == [8]

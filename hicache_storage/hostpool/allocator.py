@@ -18,7 +18,7 @@ import torch
 from hicache_storage.errors import AllocatorError, HostPoolError, IndexAlignmentError
 from hicache_storage.options import positive_int
 
-__all__ = ["PageAllocator", "page_ids"]
+__all__ = ["PageAllocator", "page_ids", "page_starts"]
 
 
 def _index_array(host_indices: torch.Tensor | Sequence[int]) -> npt.NDArray[np.int64]:
@@ -46,6 +46,43 @@ def _index_array(host_indices: torch.Tensor | Sequence[int]) -> npt.NDArray[np.i
             f"got dtype {dtype} with shape {shape}"
         )
     return array.astype(np.int64, copy=False)
+
+
+_LAST = threading.local()
+"""Per thread, the last tensor :func:`page_starts` checked: ``(tensor, stamp, starts)``."""
+
+
+def page_starts(host_indices: torch.Tensor | Sequence[int], page_size: int, size: int) -> list[int]:
+    """Validate token indices of whole pages (as :func:`page_ids`); return each page's first.
+
+    One v1 call hands the same tensor to the validation layer and then to the backend, and both
+    ask the pool for its pages: each thread remembers the last tensor it checked, with the
+    tensor's version counter (any in-place change, through any view, bumps it), its address,
+    shape and strides, so that call converts and checks its indices once.
+
+    Raises
+    ------
+    IndexAlignmentError
+        If the indices are not integers, or do not describe whole, aligned, in-range pages.
+    """
+    stamp: tuple[object, ...] | None = None
+    if isinstance(host_indices, torch.Tensor):
+        stamp = (
+            host_indices._version,
+            host_indices.data_ptr(),
+            tuple(host_indices.shape),
+            host_indices.stride(),
+            host_indices.dtype,
+            page_size,
+            size,
+        )
+        last = getattr(_LAST, "entry", None)
+        if last is not None and last[0] is host_indices and last[1] == stamp:
+            return list(last[2])
+    starts = (page_ids(host_indices, page_size, size) * page_size).tolist()
+    if stamp is not None:
+        _LAST.entry = (host_indices, stamp, tuple(starts))
+    return starts
 
 
 def page_ids(host_indices: torch.Tensor | Sequence[int], page_size: int, size: int) -> torch.Tensor:

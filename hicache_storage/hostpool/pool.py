@@ -48,7 +48,7 @@ from hicache_storage.errors import (
     IndexAlignmentError,
     InvalidValueError,
 )
-from hicache_storage.hostpool.allocator import PageAllocator, page_ids
+from hicache_storage.hostpool.allocator import PageAllocator, page_starts
 from hicache_storage.hostpool.layout import (
     Layout,
     mha_buffer_geometry,
@@ -170,7 +170,7 @@ class HostKVPool:
         IndexAlignmentError
             If the indices do not describe whole, aligned, in-range pages.
         """
-        return (page_ids(host_indices, self.page_size, self.size) * self.page_size).tolist()
+        return page_starts(host_indices, self.page_size, self.size)
 
     def page_buffer_meta(self, host_indices: HostIndices) -> list[list[tuple[int, int]]]:
         """Per page, the ``(address, nbytes)`` of each region, in canonical object order."""

@@ -42,7 +42,7 @@ import torch
 
 from hicache_storage.buffers import as_readable, as_writable
 from hicache_storage.errors import BufferSizeError, HostPoolError, IndexAlignmentError
-from hicache_storage.hostpool.allocator import page_ids
+from hicache_storage.hostpool.allocator import page_ids, page_starts
 from hicache_storage.hostpool.layout import Layout
 from hicache_storage.hostpool.pool import HostKVPool
 from hicache_storage.keys.unified import UnifiedObject, UnifiedPlan, dtype_itemsize
@@ -130,7 +130,7 @@ class UnifiedObjectPool:
         IndexAlignmentError
             If the indices do not describe whole, aligned, in-range objects.
         """
-        return (page_ids(host_indices, self.page_size, self.size) * self.page_size).tolist()
+        return page_starts(host_indices, self.page_size, self.size)
 
     def page_buffer_views(self, host_indices: HostIndices) -> list[list[memoryview]]:
         """Per object, writable zero-copy views of its spans of the pool, in object byte order."""
