@@ -127,9 +127,9 @@ checked_crc32c(PyObject *module, PyObject *args)
     return PyLong_FromUnsignedLong(~reg);
 }
 
-/* Hold the writable, contiguous buffers of a sequence; release them with release_all. */
+/* Hold the contiguous buffers of a sequence (writable ones with `flags`); release_all frees. */
 static int
-hold_all(PyObject *seq, Py_buffer **held, Py_ssize_t *count)
+hold_all(PyObject *seq, int flags, Py_buffer **held, Py_ssize_t *count)
 {
     PyObject *fast = PySequence_Fast(seq, "buffers must be a sequence");
     if (fast == NULL) {
@@ -144,7 +144,7 @@ hold_all(PyObject *seq, Py_buffer **held, Py_ssize_t *count)
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
-        if (PyObject_GetBuffer(item, &views[i], PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        if (PyObject_GetBuffer(item, &views[i], flags | PyBUF_C_CONTIGUOUS) < 0) {
             for (Py_ssize_t j = 0; j < i; j++) {
                 PyBuffer_Release(&views[j]);
             }
@@ -168,6 +168,57 @@ release_all(Py_buffer *views, Py_ssize_t count)
     PyMem_Free(views);
 }
 
+/* A position in a list of buffers: the next byte is views[index] at pos. */
+typedef struct {
+    Py_buffer *views;
+    Py_ssize_t count;
+    Py_ssize_t index;
+    size_t pos;
+} Cursor;
+
+/* Describe up to `chunk` bytes from the cursor (not moving it) in `iov`; return the entries. */
+static int
+gather(const Cursor *at, size_t chunk, struct iovec *iov)
+{
+    int used = 0;
+    size_t want = 0;
+    Py_ssize_t index = at->index;
+    size_t pos = at->pos;
+    while (index < at->count && used < MAX_IOV && want < chunk) {
+        size_t left = (size_t)at->views[index].len - pos;
+        if (left == 0) {
+            index++;
+            pos = 0;
+            continue;
+        }
+        size_t take = left < chunk - want ? left : chunk - want;
+        iov[used].iov_base = (unsigned char *)at->views[index].buf + pos;
+        iov[used].iov_len = take;
+        used++;
+        want += take;
+        pos += take;
+    }
+    return used;
+}
+
+/* Move the cursor `bytes` forward. */
+static void
+advance(Cursor *at, size_t bytes)
+{
+    while (bytes && at->index < at->count) {
+        size_t left = (size_t)at->views[at->index].len - at->pos;
+        if (bytes >= left) {
+            bytes -= left;
+            at->index++;
+            at->pos = 0;
+        }
+        else {
+            at->pos += bytes;
+            bytes = 0;
+        }
+    }
+}
+
 static PyObject *
 checked_read(PyObject *module, PyObject *args)
 {
@@ -182,37 +233,17 @@ checked_read(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "offset and checked must be >= 0 and chunk >= 1");
         return NULL;
     }
-    Py_buffer *views;
-    Py_ssize_t count;
-    if (hold_all(seq, &views, &count) < 0) {
+    Cursor at = {NULL, 0, 0, 0};
+    if (hold_all(seq, PyBUF_WRITABLE, &at.views, &at.count) < 0) {
         return NULL;
     }
     struct iovec iov[MAX_IOV];
     uint32_t reg = ~(uint32_t)0;
     size_t total = 0;
     int error = 0;
-    Py_ssize_t index = 0; /* the cursor: the next byte to fill is views[index] at pos */
-    size_t pos = 0;
     Py_BEGIN_ALLOW_THREADS
     for (;;) {
-        int used = 0;
-        size_t want = 0;
-        Py_ssize_t b = index;
-        size_t at = pos;
-        while (b < count && used < MAX_IOV && want < (size_t)chunk) {
-            size_t left = (size_t)views[b].len - at;
-            if (left == 0) {
-                b++;
-                at = 0;
-                continue;
-            }
-            size_t take = left < (size_t)chunk - want ? left : (size_t)chunk - want;
-            iov[used].iov_base = (unsigned char *)views[b].buf + at;
-            iov[used].iov_len = take;
-            used++;
-            want += take;
-            at += take;
-        }
+        int used = gather(&at, (size_t)chunk, iov);
         if (used == 0) {
             break;
         }
@@ -237,21 +268,10 @@ checked_read(PyObject *module, PyObject *args)
             total += part;
             rest -= part;
         }
-        for (size_t advance = (size_t)got; advance && index < count;) {
-            size_t left = (size_t)views[index].len - pos;
-            if (advance >= left) {
-                advance -= left;
-                index++;
-                pos = 0;
-            }
-            else {
-                pos += advance;
-                advance = 0;
-            }
-        }
+        advance(&at, (size_t)got);
     }
     Py_END_ALLOW_THREADS
-    release_all(views, count);
+    release_all(at.views, at.count);
     if (error) {
         errno = error;
         return PyErr_SetFromErrno(PyExc_OSError);
@@ -273,53 +293,26 @@ checked_write(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "offset must be >= 0 and chunk >= 1");
         return NULL;
     }
-    PyObject *fast = PySequence_Fast(seq, "buffers must be a sequence");
-    if (fast == NULL) {
+    Cursor at = {NULL, 0, 0, 0};
+    if (hold_all(seq, 0, &at.views, &at.count) < 0) {
         return NULL;
     }
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
-    Py_buffer *views = PyMem_Calloc(count ? (size_t)count : 1, sizeof(Py_buffer));
-    if (views == NULL) {
-        Py_DECREF(fast);
-        return PyErr_NoMemory();
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, i), &views[i], PyBUF_C_CONTIGUOUS) <
-            0) {
-            release_all(views, i);
-            Py_DECREF(fast);
-            return NULL;
-        }
-    }
-    Py_DECREF(fast);
     struct iovec iov[MAX_IOV];
     uint32_t reg = ~(uint32_t)0;
     size_t total = 0;
     int error = 0;
-    Py_ssize_t index = 0;
-    size_t pos = 0;
     Py_BEGIN_ALLOW_THREADS
     while (!error) {
-        int used = 0;
-        size_t want = 0;
-        while (index < count && used < MAX_IOV && want < (size_t)chunk) {
-            size_t left = (size_t)views[index].len - pos;
-            if (left == 0) {
-                index++;
-                pos = 0;
-                continue;
-            }
-            size_t take = left < (size_t)chunk - want ? left : (size_t)chunk - want;
-            iov[used].iov_base = (unsigned char *)views[index].buf + pos;
-            iov[used].iov_len = take;
-            reg = update(reg, iov[used].iov_base, take); /* the chunk is cache-hot for the write */
-            used++;
-            want += take;
-            pos += take;
-        }
+        int used = gather(&at, (size_t)chunk, iov);
         if (used == 0) {
             break;
         }
+        size_t want = 0;
+        for (int i = 0; i < used; i++) { /* checksummed now, written from the cache next */
+            reg = update(reg, iov[i].iov_base, iov[i].iov_len);
+            want += iov[i].iov_len;
+        }
+        advance(&at, want);
         int first = 0;
         while (first < used) {
             ssize_t put = pwritev(fd, iov + first, used - first, (off_t)(offset + (long long)total));
@@ -349,7 +342,7 @@ checked_write(PyObject *module, PyObject *args)
         }
     }
     Py_END_ALLOW_THREADS
-    release_all(views, count);
+    release_all(at.views, at.count);
     if (error) {
         errno = error;
         return PyErr_SetFromErrno(PyExc_OSError);
