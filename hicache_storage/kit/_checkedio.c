@@ -367,8 +367,11 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "_checkedio",
-    "Checked page I/O: preadv/pwritev and CRC32C in one pass, without the GIL.", -1, methods,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_checkedio",
+    .m_doc = "Checked page I/O: preadv/pwritev and CRC32C in one pass, without the GIL.",
+    .m_size = -1,
+    .m_methods = methods,
 };
 
 PyMODINIT_FUNC
