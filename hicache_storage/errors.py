@@ -32,7 +32,8 @@ catch either. Two families matter to a serving engine:
     │   └── IntegrityError           (ValueError)
     ├── InvalidRequestError ¹        (ValueError)  a request refused before admission
     │   └── RequestTypeError ¹       (TypeError)
-    └── RequestFailedError ¹         (RuntimeError) a request failed while served
+    ├── RequestFailedError ¹         (RuntimeError) a request failed while served
+    └── StorageBugError ¹            (RuntimeError) a storage call raised no BackendError: a bug
 
 ¹ The tier engine's, in ``hicache_storage.engine.errors`` (exported by
 ``hicache_storage.engine``): the core does not import the engine, but a caller catching

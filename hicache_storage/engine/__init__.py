@@ -25,6 +25,7 @@ __all__ = [
     "RequestFailedError",
     "RequestTypeError",
     "Scheduler",
+    "StorageBugError",
     "TierCache",
 ]
 
@@ -42,5 +43,6 @@ __getattr__, __dir__ = lazy_exports(
         "PoolMismatchError": ".errors",
         "RequestFailedError": ".errors",
         "RequestTypeError": ".errors",
+        "StorageBugError": ".errors",
     },
 )

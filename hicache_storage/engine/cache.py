@@ -768,12 +768,21 @@ class TierCache:
     # -- background completions ------------------------------------------------------------------
 
     def poll(self) -> None:
-        """Apply what the storage threads finished: stored pages, drained prefetch slots."""
+        """Apply what the storage threads finished: stored pages, drained prefetch slots.
+
+        Raises
+        ------
+        StorageBugError
+            After applying the rest, if a storage call raised something other than a
+            ``BackendError`` (a bug; the call itself was counted as a miss).
+        """
         if self.io is not None:
             for done in self.io.poll():
                 self._complete(done)
         self._assign_slots()
         self._reap()
+        if self.io is not None:
+            self.io.check()
 
     def close(self) -> None:
         """Flush queued backups, stop every thread and apply the outcomes; idempotent.

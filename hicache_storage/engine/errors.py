@@ -6,6 +6,7 @@
     ├── InvalidRequestError      (ValueError)  refused before admission: nothing was taken
     │   └── RequestTypeError     (TypeError)   a prompt or bound of the wrong type
     ├── RequestFailedError       (RuntimeError) failed while served; what it held was returned
+    ├── StorageBugError          (RuntimeError) a storage call raised something not a BackendError
     └── PoolMismatchError        (ConfigError, HostPoolError) pools that disagree, at start-up
 """
 
@@ -13,7 +14,13 @@ from __future__ import annotations
 
 from hicache_storage.errors import ConfigError, HiCacheError, HostPoolError
 
-__all__ = ["InvalidRequestError", "PoolMismatchError", "RequestFailedError", "RequestTypeError"]
+__all__ = [
+    "InvalidRequestError",
+    "PoolMismatchError",
+    "RequestFailedError",
+    "RequestTypeError",
+    "StorageBugError",
+]
 
 
 class InvalidRequestError(HiCacheError, ValueError):
@@ -28,6 +35,14 @@ class RequestFailedError(HiCacheError, RuntimeError):
     """A request failed while being served; its locks, pins and slots were given back.
 
     The underlying exception is the ``__cause__``; the engine goes on serving other requests.
+    """
+
+
+class StorageBugError(HiCacheError, RuntimeError):
+    """A storage call raised something other than a ``BackendError``: a bug, not the store.
+
+    Raised by the engine's poll (:meth:`TierCache.poll <hicache_storage.engine.TierCache.poll>`)
+    after the storage thread counted the call as a miss; the bug is the ``__cause__``.
     """
 
 

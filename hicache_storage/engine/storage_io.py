@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import torch
 
 from hicache_storage.backend import StorageBackend
-from hicache_storage.errors import ConfigError
+from hicache_storage.engine.errors import StorageBugError
+from hicache_storage.errors import BackendError, ConfigError
 from hicache_storage.options import positive_int
 
 from .costs import CostModel
@@ -315,6 +316,7 @@ class StorageIO:
         self._reads: queue.Queue[object] = queue.Queue()
         self._writes: queue.Queue[object] = queue.Queue(write_capacity)
         self._done: queue.Queue[BackupDone] = queue.Queue()
+        self._bugs: queue.Queue[tuple[str, Exception]] = queue.Queue()
         self._closed = False
         self._query_threads = self._start("query", self._query_loop, query_threads)
         self._read_threads = self._start("read", self._read_loop, read_threads)
@@ -372,6 +374,36 @@ class StorageIO:
             self.refused_backups += 1
             return False
         return True
+
+    def check(self) -> None:
+        """Raise the first bug a storage thread met since the last check, if any.
+
+        A storage call that raises a :class:`~hicache_storage.errors.BackendError` is the
+        store's failure: a miss (or a backup not stored), logged, and nothing more. Anything
+        else is a bug (in the backend, a layer or the engine's own copy) and is kept for this
+        call, which the engine's poll makes, so it is seen instead of served around.
+
+        Raises
+        ------
+        StorageBugError
+            With the bug as its ``__cause__``.
+        """
+        try:
+            what, bug = self._bugs.get_nowait()
+        except queue.Empty:
+            return
+        raise StorageBugError(
+            f"{what} raised {type(bug).__name__}: {bug} (not a BackendError: a bug in the "
+            "backend, a layer or the engine, not a failure of the store)"
+        ) from bug
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        """Log a storage call that failed; keep it for :meth:`check` unless the store failed."""
+        if isinstance(exc, BackendError):
+            logger.warning("%s failed: %s", what, exc)
+            return
+        logger.error("%s failed", what, exc_info=exc)
+        self._bugs.put((what, exc))
 
     def poll(self, timeout_s: float = 0.0) -> list[BackupDone]:
         """Return the backups finished since the last poll, waiting up to ``timeout_s`` for one."""
@@ -431,8 +463,8 @@ class StorageIO:
         began = time.monotonic()
         try:
             hits = self.backend.batch_exists(item.keys) // item.keys_per_page
-        except Exception:  # a query that fails finds nothing; the caller carries on
-            logger.exception("existence query of %d pages failed", item.pages)
+        except Exception as exc:  # noqa: BLE001 - a failed query finds nothing (a bug: check())
+            self._failed(f"existence query of {item.pages} pages", exc)
             hits = 0
         seconds = time.monotonic() - began
         if self.costs is not None:
@@ -460,8 +492,8 @@ class StorageIO:
                     fetch.keys[first * kpp : end * kpp],
                     self._indices(host[first * page : end * page]),
                 )
-            except Exception:  # a failed read is a miss of the rest of the fetch
-                logger.exception("read of %d pages failed", end - first)
+            except Exception as exc:  # noqa: BLE001 - a miss of the rest (a bug: check())
+                self._failed(f"read of {end - first} pages", exc)
                 fetch._fail()
                 return
             if self.costs is not None:
@@ -502,7 +534,7 @@ class StorageIO:
                 if item.ready is not None:
                     item.ready()
                 stored = self._write(item)
-            except Exception:  # logged: one bad job must not stop the writer
-                logger.exception("backup of %d keys failed", len(item.keys))
+            except Exception as exc:  # noqa: BLE001 - not stored; the writer goes on (a bug: check())
+                self._failed(f"backup of {len(item.keys)} keys", exc)
                 stored = False
             self._done.put(BackupDone(item, stored))

@@ -360,3 +360,45 @@ def test_the_scheduler_refuses_bad_input_before_taking_anything(model: LlamaMode
         scheduler.submit(Request([1, VOCAB], NEW))
     assert scheduler.idle
     assert_consistent(cache)
+
+
+class _SetRaises(ForwardingBackend):
+    """The first ``times`` backup writes raise ``error`` (outside the default layers)."""
+
+    def __init__(self, inner: StorageBackend, error: Exception, times: int) -> None:
+        super().__init__(inner)
+        self.error = error
+        self.times = times
+
+    def batch_set_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        if self.times > 0:
+            self.times -= 1
+            raise self.error
+        return self.inner.batch_set_v1(keys, host_indices)
+
+
+def test_a_storage_bug_surfaces_through_poll_and_a_store_failure_does_not(
+    model: LlamaModel,
+) -> None:
+    from hicache_storage.engine.errors import StorageBugError
+    from hicache_storage.errors import BackendIOError
+
+    prompts = conversations(rounds=1, clients=2, seed=34)
+    failing = _SetRaises(create_backend("memory"), BackendIOError("disk full"), 10**6)
+    cache = build_cache(256, 256, failing)
+    with Engine(model, cache) as engine:
+        assert engine.generate(prompts[0], NEW) == model.generate_no_cache(prompts[0], NEW)
+        wait_for(lambda: cache.stats.backups_failed > 0, cache, "the backup to fail")
+        cache.poll()  # the store failed: counted, never raised
+    buggy = _SetRaises(create_backend("memory"), AttributeError("no attribute 'flush'"), 1)
+    cache = build_cache(256, 256, buggy)
+    with Engine(model, cache) as engine:
+        with pytest.raises(StorageBugError, match="raised AttributeError") as bug:
+            engine.generate(prompts[0], NEW)
+            wait_for(lambda: False, cache, "the bug to surface through poll")
+        assert isinstance(bug.value.__cause__, AttributeError)
+        cache.poll()  # raised once
+        assert engine.generate(prompts[1], NEW) == model.generate_no_cache(prompts[1], NEW)
+        assert_consistent(cache)

@@ -20,6 +20,7 @@ DEFINED_IN = {
     "PoolMismatchError": "errors",
     "RequestFailedError": "errors",
     "RequestTypeError": "errors",
+    "StorageBugError": "errors",
 }
 
 

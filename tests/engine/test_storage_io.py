@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from hicache_storage import FaultConfig, FaultRule, LayerConfig, StorageBackend, create_backend
+from hicache_storage.engine.errors import StorageBugError
 from hicache_storage.engine.storage_io import Backup, BackupDone, Prefetch, PrefetchState, StorageIO
-from hicache_storage.errors import ConfigError
+from hicache_storage.errors import BackendIOError, ConfigError
 from hicache_storage.hostpool import MHAHostPool
 from hicache_storage.layers import ForwardingBackend
 
@@ -31,6 +32,7 @@ class Spy(ForwardingBackend):
         self.gate.set()
         self.entered = threading.Event()
         self.raising: set[str] = set()
+        self.error: type[Exception] = RuntimeError
         self.claim_all = False
         self.fail_second_set = False
 
@@ -38,7 +40,7 @@ class Spy(ForwardingBackend):
         self.entered.set()
         assert self.gate.wait(WAIT_S), "the test never opened the gate"
         if op in self.raising:
-            raise RuntimeError(f"{op} broke")
+            raise self.error(f"{op} broke")
 
     def batch_exists(self, keys: Sequence[str]) -> int:
         self._call("batch_exists")
@@ -273,6 +275,13 @@ def test_a_failing_query_or_read_finishes_the_fetch_and_the_threads_carry_on(
         assert fetch.read_pages == 0 and io.alive, op
     assert "existence query of 3 pages failed" in caplog.text
     assert "read of 3 pages failed" in caplog.text
+    # Neither raised a BackendError: each is a bug, kept for the engine's poll to raise.
+    with pytest.raises(StorageBugError, match="existence query of 3 pages raised RuntimeError"):
+        io.check()
+    with pytest.raises(StorageBugError, match="read of 3 pages raised RuntimeError") as bug:
+        io.check()
+    assert isinstance(bug.value.__cause__, RuntimeError)
+    io.check()  # each bug is raised once
     spy.raising = set()
     fetch = Prefetch(keys(3), 1, slots(20, 3), PAGE)
     io.prefetch(fetch)
@@ -442,3 +451,22 @@ def test_prefetch_refuses_keys_that_do_not_match_its_slots() -> None:
     with pytest.raises(ConfigError, match="do not match"):
         Prefetch(keys(3), 2, slots(0, 2), PAGE)
     assert Prefetch(keys(4), 2, slots(0, 2), PAGE).pages == 2
+
+
+def test_a_store_failure_is_a_miss_and_no_bug(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    io, spy = make_io()
+    store(io, pool, keys(2), first_page=0)
+    spy.error = BackendIOError
+    for op in ("batch_exists", "batch_get_v1", "batch_set_v1"):
+        spy.raising = {op}
+        fetch = Prefetch(keys(2), 1, slots(10, 2), PAGE)
+        io.prefetch(fetch)
+        finished(fetch)
+        assert fetch.read_pages == (2 if op == "batch_set_v1" else 0), op
+        bad = Backup(keys(1, op), slots(4, 1), ticket=op)
+        assert io.backup(bad)
+        (done,) = poll_all(io, 1)
+        assert done.stored is (op != "batch_set_v1"), op
+    io.check()  # the store failed; nothing is a bug
