@@ -219,6 +219,18 @@ advance(Cursor *at, size_t bytes)
     }
 }
 
+/* Let go of the buffers; return (bytes moved, CRC32C) or raise the OSError of `error`. */
+static PyObject *
+finish(Cursor *at, int error, size_t total, uint32_t reg)
+{
+    release_all(at->views, at->count);
+    if (error) {
+        errno = error;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return Py_BuildValue("nk", (Py_ssize_t)total, (unsigned long)~reg);
+}
+
 static PyObject *
 checked_read(PyObject *module, PyObject *args)
 {
@@ -271,12 +283,7 @@ checked_read(PyObject *module, PyObject *args)
         advance(&at, (size_t)got);
     }
     Py_END_ALLOW_THREADS
-    release_all(at.views, at.count);
-    if (error) {
-        errno = error;
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
-    return Py_BuildValue("nk", (Py_ssize_t)total, (unsigned long)~reg);
+    return finish(&at, error, total, reg);
 }
 
 static PyObject *
@@ -342,12 +349,7 @@ checked_write(PyObject *module, PyObject *args)
         }
     }
     Py_END_ALLOW_THREADS
-    release_all(at.views, at.count);
-    if (error) {
-        errno = error;
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
-    return Py_BuildValue("nk", (Py_ssize_t)total, (unsigned long)~reg);
+    return finish(&at, error, total, reg);
 }
 
 static PyMethodDef methods[] = {
