@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from typing_extensions import Buffer, Self
 
-from .buffers import as_readable, as_writable
+from .buffers import as_readable, as_writable, scatter
 from .capabilities import Capabilities
 from .errors import (
     BatchMismatchError,
@@ -210,7 +210,7 @@ class StorageBackend(abc.ABC):
         hits = self.batch_get(keys, outs)
         for hit, views, out in zip(hits, pages, outs, strict=True):
             if hit and len(views) > 1:
-                _scatter(out, views)
+                scatter(out, views)
         return hits
 
     def batch_set_v1(
@@ -308,15 +308,6 @@ def check_host_pool(pool: object) -> HostPool:
 def _check_lengths(keys: Sequence[str], others: Sequence[object], what: str) -> None:
     if len(keys) != len(others):
         raise BatchMismatchError(f"got {len(keys)} keys but {len(others)} {what}")
-
-
-def _scatter(source: Buffer, views: Sequence[memoryview]) -> None:
-    """Copy consecutive slices of ``source`` into ``views``."""
-    flat = as_readable(source)
-    offset = 0
-    for view in views:
-        view[:] = flat[offset : offset + len(view)]
-        offset += len(view)
 
 
 def copy_into(value: Buffer, out: Buffer) -> Buffer:

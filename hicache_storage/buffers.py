@@ -7,11 +7,12 @@ arrays and CPU torch tensors (which do not speak the buffer protocol, so they go
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from .errors import InvalidValueError
 
-__all__ = ["as_readable", "as_writable"]
+__all__ = ["as_readable", "as_writable", "scatter"]
 
 _FLAT = ("B", 1, True)
 """(format, ndim, c_contiguous) of a view that is already what :func:`as_readable` returns."""
@@ -73,3 +74,16 @@ def as_writable(out: object) -> memoryview:
             f"an output buffer must be writable; {type(out).__name__} is read-only"
         )
     return view
+
+
+def scatter(source: object, views: Sequence[memoryview]) -> None:
+    """Copy consecutive slices of ``source`` into the byte ``views``, in order.
+
+    The caller has checked that the views hold exactly ``source``'s bytes.
+    """
+    data = as_readable(source)
+    offset = 0
+    for view in views:
+        end = offset + view.nbytes
+        view[:] = data[offset:end]
+        offset = end

@@ -121,16 +121,27 @@ def assert_conforms(
             assert not unclaimed, f"{check.id} ran although {unclaimed} is not claimed"
 
 
+def passing_suite(
+    name: str, config: Any, report_dir: Path, extra_args: Iterable[str] = ()
+) -> Report:
+    """Run the suite on backend ``name``; assert it passed, naming each failed check and why."""
+    from hicache_storage.conformance.report import load_report, run_suite
+
+    status = run_suite(name, config, report_dir, list(extra_args))
+    report = load_report(report_dir)
+    failed = [f"{c.id}: {(c.message or '')[:2000]}" for c in report.failures()]
+    assert not failed, f"{len(failed)} checks failed:\n" + "\n".join(failed)
+    assert status == 0, f"the suite exited {status} with no failed check"
+    return report
+
+
 def assert_builtin_passes(
     tmp_path: Path, name: str, options: dict[str, object] | None, claims_bounded: bool
 ) -> None:
     """Run the suite on a built-in backend; assert its report, its skips and its claims."""
-    from hicache_storage.conformance.report import load_report, run_suite
-
     config = None if options is None else {"root": str(tmp_path / "store"), **options}
     report_dir = tmp_path / "report"
-    assert run_suite(name, config, report_dir) == 0
-    report = load_report(report_dir)
+    report = passing_suite(name, config, report_dir)
     assert report.backend == name and report.version
     assert ("bounded" in report.capabilities) is claims_bounded
     assert (report_dir / "report.md").read_text().startswith(f"# Conformance report: `{name}`")

@@ -25,10 +25,14 @@ from hicache_storage.kit import (
     GUARDED,
     IOV_MAX,
     AtomicFiles,
+    Deadline,
     ErrorMap,
     FanoutPaths,
     MediumFaults,
+    Verdict,
+    bounded,
     closed_guard,
+    current_deadline,
     is_missing,
     is_temp,
     read_exact,
@@ -76,6 +80,70 @@ def test_error_map_keeps_typed_errors_and_errno_and_masks_secrets() -> None:
     assert "hunter22secret" not in str(leaked)
     with pytest.raises(KeyboardInterrupt), errors.guard("x"):
         raise KeyboardInterrupt
+
+
+class _StoreErrors(ErrorMap):
+    """A client whose replies carry a code the exception class does not."""
+
+    def describe(self, exc: BaseException, what: str) -> Verdict | None:
+        if str(exc).startswith("NOAUTH"):
+            return Verdict(BackendUnavailableError, f"store refused {what}: {exc}", "auth", False)
+        return None
+
+
+def test_error_map_describe_counts_scrubs_and_lets_bugs_through() -> None:
+    counted: list[str] = []
+    errors = _StoreErrors(
+        "store",
+        [(ClientDown, BackendUnavailableError)],
+        secrets={"s3cr3t-token"},
+        catch=ClientDown,
+        count=counted.append,
+    )
+    cause = OSError("socket said s3cr3t-token")
+    with pytest.raises(BackendUnavailableError) as info, errors.guard("login"):
+        try:
+            raise cause
+        except OSError as exc:
+            raise ClientDown("NOAUTH for s3cr3t-token") from exc
+    assert str(info.value) == "store refused login: NOAUTH for ***"
+    assert info.value.retryable is False
+    assert "s3cr3t-token" not in str(info.value.__cause__) and "s3cr3t-token" not in str(cause)
+    with pytest.raises(BackendUnavailableError), errors.guard("read 'k'"):
+        raise ClientDown("down")  # no verdict: the rules apply, counted by class name
+    other: list[str] = []
+    with pytest.raises(BackendUnavailableError), errors.guard("read 'k'", other.append):
+        raise ClientDown("down")
+    assert counted == ["auth", "ClientDown"] and other == ["ClientDown"]
+    with pytest.raises(KeyError), errors.guard("read 'k'"):  # outside catch: a bug, untouched
+        raise KeyError("k")
+    assert counted == ["auth", "ClientDown"]
+
+
+def test_deadline_bounds_the_thread_and_nests_to_the_sooner_end() -> None:
+    assert current_deadline() is None and bounded(3.0) == 3.0 and bounded(None) is None
+    outer = Deadline(5.0)
+    assert outer.live() and outer.allows(4.0) and not outer.allows(6.0)
+    with outer.applied():
+        assert current_deadline() is outer
+        assert bounded(None) == pytest.approx(5.0, abs=0.5) and bounded(1.0) == 1.0
+        with Deadline(60.0).applied() as later:  # an inner call never outlives its caller
+            assert current_deadline() is outer and later.left() > 50
+        with Deadline(0.5).applied() as sooner:
+            assert current_deadline() is sooner
+        seen: list[Deadline | None] = []
+        worker = threading.Thread(target=lambda: seen.append(current_deadline()))
+        worker.start()
+        worker.join()
+        assert seen == [None]  # the thread's own, not the process's
+        assert current_deadline() is outer
+    assert current_deadline() is None
+    with Deadline(-1.0).applied() as passed:
+        assert not passed.live() and passed.left() < 0
+        with pytest.raises(TimeoutError):
+            bounded(10.0)
+    outer.cancel()
+    assert outer.cancelled and not outer.live() and outer.left() > 0
 
 
 def test_is_missing() -> None:

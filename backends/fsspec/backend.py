@@ -41,7 +41,7 @@ import os
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import fsspec
@@ -59,8 +59,10 @@ from hicache_storage import (
     MissingDependencyError,
     StorageBackend,
 )
+from hicache_storage.buffers import scatter
 from hicache_storage.kit import (
     AtomicFiles,
+    Count,
     ErrorMap,
     FanoutPaths,
     MediumFaults,
@@ -243,10 +245,6 @@ class _Errors(ErrorMap):
     raises ``FileNotFoundError`` from a refused connection, which must not read as a miss.
     """
 
-    def __init__(self, service: str, rules: Iterable[Rule], secrets: set[str]) -> None:
-        super().__init__(service, rules)
-        self.secrets = secrets
-
     def outage(self, exc: BaseException) -> BaseException | None:
         """Return the unavailable or timed-out failure ``exc`` was raised from, if any."""
         seen = exc.__cause__
@@ -260,23 +258,17 @@ class _Errors(ErrorMap):
         """Return whether ``exc`` says the object is not there (and not that the medium is down)."""
         return is_missing(exc) and self.outage(exc) is None
 
-    def translate(self, exc: BaseException, what: str) -> HiCacheError:
-        """Return the typed error for ``exc``, with the storage options' secrets masked."""
+    def translate(self, exc: BaseException, what: str, count: Count | None = None) -> HiCacheError:
+        """Return the typed error for ``exc``; a miss raised from an outage is the outage."""
         if is_missing(exc):
             exc = self.outage(exc) or exc
-        typed = super().translate(exc, what)
-        text = str(typed)
-        if typed is exc or redact_text(text, self.secrets) == text:
-            return typed
-        if isinstance(typed, OSError) and isinstance(typed.errno, int):
-            return type(typed)(typed.errno, redact_text(str(typed.strerror), self.secrets))
-        return type(typed)(redact_text(text, self.secrets))
+        return super().translate(exc, what, count)
 
 
 def _errors(config: FsspecConfig) -> _Errors:
     """Return the error map of ``config``'s filesystem, masking its URL and option secrets."""
     secrets = secrets_in(config.storage_options) | secrets_in(config.url)
-    return _Errors(f"fsspec {redact_url(config.url)}", _client_rules(), secrets)
+    return _Errors(f"fsspec {redact_url(config.url)}", _client_rules(), secrets=secrets)
 
 
 @closed_guard
@@ -670,7 +662,7 @@ def _fill(key: str, source: Any, size: int, views: Sequence[memoryview], strict:
     if isinstance(source, int):
         return read_exact(source, views)
     if isinstance(source, (bytes, bytearray)):
-        _scatter(source, views)
+        scatter(source, views)
         return True
     return readinto_views(source, views) == want
 
@@ -678,12 +670,3 @@ def _fill(key: str, source: Any, size: int, views: Sequence[memoryview], strict:
 def _join(views: Sequence[memoryview]) -> bytes:
     """Return the views back to back as one immutable value (the caller may reuse its buffers)."""
     return bytes(views[0]) if len(views) == 1 else b"".join(views)
-
-
-def _scatter(data: bytes | bytearray, views: Sequence[memoryview]) -> None:
-    """Copy consecutive slices of ``data`` into ``views``."""
-    source = memoryview(data)
-    offset = 0
-    for view in views:
-        view[:] = source[offset : offset + view.nbytes]
-        offset += view.nbytes

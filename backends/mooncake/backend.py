@@ -70,7 +70,7 @@ from hicache_storage.errors import (
     IndexAlignmentError,
     InvalidKeyError,
 )
-from hicache_storage.kit import closed_guard
+from hicache_storage.kit import Deadline, closed_guard
 
 from .client import (
     NO_SPACE,
@@ -79,7 +79,6 @@ from .client import (
     SKIPPED,
     UNCONFIRMED,
     UNREACHABLE,
-    Deadline,
     Request,
     SharedClient,
     acquire,

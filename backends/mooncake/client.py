@@ -23,7 +23,7 @@ once when a client is set up) and the TCP transfer timeouts (``MC_TCP_STATUS_TIM
 life of the process). Every request therefore returns by itself, and only after the transfers it
 started have ended: nothing is abandoned while it could still write into a caller's buffer or a
 registered host-pool page. A call starts a request only while what is left of its
-:class:`Deadline` covers that request's worst case (:meth:`Timeouts.cost`).
+:class:`~hicache_storage.kit.Deadline` covers that request's worst case (:meth:`Timeouts.cost`).
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ import numpy as np
 import numpy.typing as npt
 
 from hicache_storage.errors import (
-    BackendError,
     BackendIOError,
     BackendTimeoutError,
     BackendUnavailableError,
     MissingDependencyError,
 )
+from hicache_storage.kit import ErrorMap, Verdict
 from hicache_storage.redact import redact_url
 
 from .config import MooncakeSettings
@@ -61,7 +61,6 @@ __all__ = [
     "SKIPPED",
     "UNCONFIRMED",
     "UNREACHABLE",
-    "Deadline",
     "SharedClient",
     "Timeouts",
     "acquire",
@@ -181,23 +180,6 @@ class Timeouts:
         if request == "get":
             return self.rpc_s + self.transfer_s
         return self.rpc_s
-
-
-class Deadline:
-    """The moment one backend call must have returned by."""
-
-    __slots__ = ("end",)
-
-    def __init__(self, seconds: float) -> None:
-        self.end = time.monotonic() + seconds
-
-    def left(self) -> float:
-        """Return the seconds left (negative once passed)."""
-        return self.end - time.monotonic()
-
-    def allows(self, cost: float) -> bool:
-        """Return whether a request that may take ``cost`` seconds still fits."""
-        return self.left() >= cost
 
 
 def _positive_int(text: str | None) -> int | None:
@@ -417,17 +399,6 @@ class SharedClient:
             self._closing.wait(_PROBE_INTERVAL_S)
 
     @contextlib.contextmanager
-    def translate(self, what: str, count: Count) -> Iterator[None]:
-        """Turn the client library's exceptions into ``BackendIOError``, counting them."""
-        try:
-            yield
-        except BackendError:
-            raise
-        except (RuntimeError, ValueError, TypeError, OSError) as exc:
-            count("client_exception")
-            raise BackendIOError(f"mooncake {what} failed: {exc}") from exc
-
-    @contextlib.contextmanager
     def call(self, what: str, count: Count) -> Iterator[None]:
         """Guard one request to the store: fail at once while the breaker is open.
 
@@ -444,7 +415,7 @@ class SharedClient:
                 f"mooncake master {self.settings.master} did not answer a recent request; "
                 f"{what} fails at once until it answers again"
             )
-        with self.translate(what, count):
+        with _ERRORS.guard(what, count):
             yield
 
     def check(self, code: int, what: str, count: Count) -> int:
@@ -508,7 +479,7 @@ class SharedClient:
     # -- registered memory ----------------------------------------------------------------------
 
     def _register(self, ptr: int, nbytes: int) -> None:
-        with self.translate("register_buffer", _ignore):
+        with _ERRORS.guard("register_buffer", _ignore):
             code = self.store.register_buffer(ptr, nbytes)
         if code != 0:
             raise BackendIOError(
@@ -578,6 +549,16 @@ class SharedClient:
         finally:
             self.store.unregister_buffer(ptr)
 
+
+class _ClientErrors(ErrorMap):
+    """The client library raises plain Python exceptions: each is an I/O error of the call."""
+
+    def describe(self, exc: BaseException, what: str) -> Verdict:
+        return Verdict(BackendIOError, f"mooncake {what} failed: {exc}", "client_exception")
+
+
+_ERRORS = _ClientErrors("mooncake", catch=(RuntimeError, ValueError, TypeError, OSError))
+"""Turns the client library's exceptions into ``BackendIOError``, counted by the call."""
 
 _CLIENTS: dict[tuple[object, ...], SharedClient] = {}
 _CLIENTS_LOCK = threading.Lock()

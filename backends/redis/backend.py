@@ -38,8 +38,8 @@ Closing
     so no call ever finds its connection closed under it.
 
 Failures
-    Every exception is translated in :func:`_translate` into a typed error whose message never
-    holds a password; the default layers turn it into a miss.
+    Every exception is translated by one :class:`~hicache_storage.kit.ErrorMap` into a typed
+    error whose message never holds a password; the default layers turn it into a miss.
 """
 
 from __future__ import annotations
@@ -71,17 +71,24 @@ from redis.utils import HIREDIS_AVAILABLE
 from typing_extensions import Buffer
 
 from hicache_storage.backend import StorageBackend
-from hicache_storage.buffers import as_readable, as_writable
+from hicache_storage.buffers import as_readable, as_writable, scatter
 from hicache_storage.config import Deployment
 from hicache_storage.errors import (
-    BackendError,
     BackendIOError,
     BackendTimeoutError,
     BackendUnavailableError,
     BufferSizeError,
     ConfigError,
 )
-from hicache_storage.kit import closed_guard
+from hicache_storage.kit import (
+    Deadline,
+    ErrorMap,
+    Verdict,
+    bounded,
+    closed_guard,
+    current_deadline,
+    flat,
+)
 from hicache_storage.redact import redact_text
 
 from .config import MAX_VALUE_SIZE, RedisConfig, capabilities
@@ -117,42 +124,6 @@ return 1
 
 # -- the per-call deadline ----------------------------------------------------------------------
 
-_DEADLINE = threading.local()
-"""``at``: the ``time.monotonic()`` by which this thread's current call must end (or None)."""
-
-
-def _time_left() -> float | None:
-    at: float | None = getattr(_DEADLINE, "at", None)
-    return None if at is None else at - time.monotonic()
-
-
-def _bounded(cap: float | None) -> float | None:
-    """Return ``cap`` cut to the time left of this thread's call.
-
-    Raises
-    ------
-    TimeoutError
-        The builtin (``socket.timeout``), if that time is up; redis-py turns it into its own.
-    """
-    left = _time_left()
-    if left is None:
-        return cap
-    if left <= 0:
-        raise TimeoutError("the call's deadline has passed")
-    return left if cap is None else min(cap, left)
-
-
-@contextlib.contextmanager
-def _deadline(seconds: float) -> Iterator[None]:
-    """Bound every socket operation this thread makes in the block by ``seconds`` from now."""
-    outer: float | None = getattr(_DEADLINE, "at", None)
-    at = time.monotonic() + seconds
-    _DEADLINE.at = at if outer is None else min(outer, at)
-    try:
-        yield
-    finally:
-        _DEADLINE.at = outer
-
 
 class _DeadlineSocket:
     """A connected socket whose every send and receive waits at most the call's time left.
@@ -169,12 +140,12 @@ class _DeadlineSocket:
         self._applied = cap
 
     def _arm(self) -> None:
-        at: float | None = getattr(_DEADLINE, "at", None)
-        if at is None:
+        deadline = current_deadline()
+        if deadline is None:
             if self._applied != self._cap:
                 self.settimeout(self._cap)
             return
-        left = at - time.monotonic()
+        left = deadline.left()
         if left <= 0:
             raise TimeoutError("the call's deadline has passed")
         want = left if self._cap is None else min(self._cap, left)
@@ -223,7 +194,7 @@ class _DeadlinePool(BlockingConnectionPool):
     def timeout(self) -> float | None:
         """The configured wait, cut to the time left (0 once it is up: take a free one or fail)."""
         try:
-            return _bounded(self._wait_cap)
+            return bounded(self._wait_cap)
         except TimeoutError:
             return 0.0
 
@@ -293,8 +264,8 @@ def _connection_class(
             connect_cap: float | None = me.socket_connect_timeout
             socket_cap: float | None = me.socket_timeout
             try:
-                self.socket_connect_timeout = _bounded(connect_cap)
-                self.socket_timeout = _bounded(socket_cap)  # the TLS handshake's bound
+                self.socket_connect_timeout = bounded(connect_cap)
+                self.socket_timeout = bounded(socket_cap)  # the TLS handshake's bound
                 sock = super()._connect()
             finally:
                 self.socket_connect_timeout, self.socket_timeout = connect_cap, socket_cap
@@ -431,7 +402,7 @@ class _Nodes:
         if not self._refresh_due or not self.cluster:
             return
         if self._slots is None:
-            if not self._refresh_lock.acquire(timeout=_bounded(None) or -1):
+            if not self._refresh_lock.acquire(timeout=bounded(None) or -1):
                 raise rx.TimeoutError("another call is loading the cluster's slot map")
         elif time.monotonic() - self._refreshed_at < _REFRESH_INTERVAL_S or (
             not self._refresh_lock.acquire(blocking=False)
@@ -610,64 +581,47 @@ def _where(config: RedisConfig) -> str:
     return f"redis {kind}{nodes}"
 
 
-def _translate(exc: BaseException, where: str, config: RedisConfig) -> tuple[str, BackendError]:
-    """Map a redis-py (or socket) exception to ``(reason, typed error)``; the one place that does.
-
-    Messages are scrubbed of the configured passwords.
-    """
-    secrets = config.secrets()
-
-    def clean(text: str) -> str:
-        return redact_text(text, secrets)
-
-    cause = exc.__cause__
-    if isinstance(exc, rx.RedisClusterException) and isinstance(cause, rx.RedisError):
-        exc = cause
-    error: BackendError
-    if isinstance(exc, rx.AuthenticationError):
-        error = BackendUnavailableError(
-            clean(f"{where} refused the login (username/password): {exc}")
-        )
-        error.retryable = False
-        return "auth", error
-    if isinstance(exc, (rx.TimeoutError, TimeoutError)):
-        return "timeout", BackendTimeoutError(
-            clean(f"{where} did not answer within deadline_s={config.deadline_s:g}s: {exc}")
-        )
-    if isinstance(exc, (rx.ConnectionError, rx.ClusterError, rx.RedisClusterException)):
-        return "unavailable", BackendUnavailableError(clean(f"{where} is unavailable: {exc}"))
-    if isinstance(exc, (rx.ReadOnlyError, rx.TryAgainError, rx.AskError)):
-        return "unavailable", BackendUnavailableError(
-            clean(f"{where} cannot serve the key now: {exc}")
-        )
-    if isinstance(exc, rx.OutOfMemoryError) or str(exc).startswith("OOM"):
-        message = f"{where} is full (maxmemory with a noeviction policy): {exc}"
-        return "out_of_memory", BackendIOError(clean(message))
-    if isinstance(exc, OSError) and not isinstance(exc, rx.RedisError):
-        return "unavailable", BackendUnavailableError(clean(f"{where} is unavailable: {exc}"))
-    return "error", BackendIOError(clean(f"{where} failed: {type(exc).__name__}: {exc}"))
-
-
 _CAUGHT = (rx.RedisError, rx.RedisClusterException, OSError)
+
+
+class _RedisErrors(ErrorMap):
+    """Map a redis-py (or socket) exception to its typed error; the one place that does.
+
+    Messages are scrubbed of the configured passwords; each error is counted by reason
+    (``auth``, ``timeout``, ``unavailable``, ``out_of_memory``, ``error``).
+    """
+
+    def __init__(self, config: RedisConfig) -> None:
+        super().__init__(_where(config), secrets=config.secrets(), catch=_CAUGHT)
+        self.deadline_s = config.deadline_s
+
+    def describe(self, exc: BaseException, what: str) -> Verdict:
+        where = self.service
+        cause = exc.__cause__
+        if isinstance(exc, rx.RedisClusterException) and isinstance(cause, rx.RedisError):
+            exc = cause
+        if isinstance(exc, rx.AuthenticationError):
+            message = f"{where} refused the login (username/password): {exc}"
+            return Verdict(BackendUnavailableError, message, "auth", retryable=False)
+        if isinstance(exc, (rx.TimeoutError, TimeoutError)):
+            message = f"{where} did not answer within deadline_s={self.deadline_s:g}s: {exc}"
+            return Verdict(BackendTimeoutError, message, "timeout")
+        if isinstance(exc, (rx.ConnectionError, rx.ClusterError, rx.RedisClusterException)):
+            return Verdict(BackendUnavailableError, f"{where} is unavailable: {exc}", "unavailable")
+        if isinstance(exc, (rx.ReadOnlyError, rx.TryAgainError, rx.AskError)):
+            message = f"{where} cannot serve the key now: {exc}"
+            return Verdict(BackendUnavailableError, message, "unavailable")
+        if isinstance(exc, rx.OutOfMemoryError) or str(exc).startswith("OOM"):
+            message = f"{where} is full (maxmemory with a noeviction policy): {exc}"
+            return Verdict(BackendIOError, message, "out_of_memory")
+        if isinstance(exc, OSError) and not isinstance(exc, rx.RedisError):
+            return Verdict(BackendUnavailableError, f"{where} is unavailable: {exc}", "unavailable")
+        return Verdict(BackendIOError, f"{where} failed: {type(exc).__name__}: {exc}", "error")
 
 
 def _chunks(count: int, size: int) -> Iterator[slice]:
     for start in range(0, count, size):
         yield slice(start, min(start + size, count))
-
-
-def _flat(view: memoryview) -> memoryview:
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-
-
-def _scatter(data: bytes, views: Sequence[memoryview]) -> None:
-    """Copy consecutive slices of ``data`` into ``views`` (sizes already checked)."""
-    source = memoryview(data)
-    offset = 0
-    for view in views:
-        end = offset + view.nbytes
-        view[:] = source[offset:end]
-        offset = end
 
 
 @closed_guard
@@ -706,10 +660,11 @@ class RedisBackend(StorageBackend):
         self._set_args: tuple[Any, ...] = () if not self._ttl_ms else ("PX", self._ttl_ms)
         self._lock = threading.Lock()
         self._errors: Counter[str] = Counter()
+        self._error_map = _RedisErrors(config)
         self._round_trips = 0
         self._nodes = _Nodes(config)
         try:
-            with _deadline(config.deadline_s):
+            with Deadline(config.deadline_s).applied():
                 if self._nodes.cluster:
                     self._nodes.prepare()
                 else:
@@ -721,7 +676,7 @@ class RedisBackend(StorageBackend):
             raise self._open_error(exc) from exc
 
     def _open_error(self, exc: BaseException) -> Exception:
-        reason, error = _translate(exc, self._where, self.config)
+        reason = self._error_map.describe(exc, "open").reason
         if reason == "auth" or "NOAUTH" in str(exc) or "WRONGPASS" in str(exc):
             return ConfigError(f"{self._where} refused the login: check username and password")
         if reason in ("unavailable", "timeout"):
@@ -733,7 +688,7 @@ class RedisBackend(StorageBackend):
                     self.config.secrets(),
                 )
             )
-        return error
+        return self._error_map.translate(exc, "open")
 
     @property
     def close_timeout_s(self) -> float:
@@ -752,16 +707,12 @@ class RedisBackend(StorageBackend):
     @contextlib.contextmanager
     def _calling(self) -> Iterator[None]:
         """Bound the block by ``deadline_s``; translate exceptions into typed errors, counted."""
-        try:
-            with _deadline(self.config.deadline_s):
-                yield
-        except _CAUGHT as exc:
-            if isinstance(exc, BackendError):
-                raise
-            reason, error = _translate(exc, self._where, self.config)
-            with self._lock:
-                self._errors[reason] += 1
-            raise error from exc
+        with Deadline(self.config.deadline_s).applied(), self._error_map.guard("call", self._count):
+            yield
+
+    def _count(self, reason: str) -> None:
+        with self._lock:
+            self._errors[reason] += 1
 
     def _run(self, commands: Sequence[tuple[Any, ...]], names: Sequence[bytes]) -> list[Any]:
         """Run one round trip of single-key commands (``names[i]`` routes ``commands[i]``).
@@ -879,7 +830,7 @@ class RedisBackend(StorageBackend):
         def take(replies: list[Any], part: slice) -> bool:
             for index, data in zip(range(part.start, part.stop), replies, strict=True):
                 if data is not None and len(data) == sizes[index]:
-                    _scatter(data, targets[index])
+                    scatter(data, targets[index])
                     hits[index] = True
             return True
 
@@ -913,7 +864,7 @@ class RedisBackend(StorageBackend):
         A value whose size differs from its page (the sum of its buffers) is a miss and the page
         is left untouched.
         """
-        pages = [[_flat(view) for view in views] for views in self.page_views(keys, host_indices)]
+        pages = [[flat(view) for view in views] for views in self.page_views(keys, host_indices)]
         sizes = [sum(view.nbytes for view in views) for views in pages]
         return self._get_many(keys, pages, sizes)
 
@@ -921,7 +872,7 @@ class RedisBackend(StorageBackend):
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
         """Store each key's page, its buffers sent as they are (never joined on this side)."""
-        pages = [[_flat(view) for view in views] for views in self.page_views(keys, host_indices)]
+        pages = [[flat(view) for view in views] for views in self.page_views(keys, host_indices)]
         return self._set_many(keys, pages)
 
     # -- housekeeping ---------------------------------------------------------------------------

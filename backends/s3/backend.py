@@ -63,9 +63,8 @@ import contextlib
 import hashlib
 import logging
 import threading
-import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import botocore.session
@@ -89,7 +88,6 @@ from hicache_storage.backend import StorageBackend
 from hicache_storage.buffers import as_readable, as_writable
 from hicache_storage.config import Deployment
 from hicache_storage.errors import (
-    BackendError,
     BackendIOError,
     BackendTimeoutError,
     BackendUnavailableError,
@@ -99,7 +97,15 @@ from hicache_storage.errors import (
     IntegrityError,
 )
 from hicache_storage.keys.validation import validate_key
-from hicache_storage.kit import closed_guard
+from hicache_storage.kit import (
+    Count,
+    Deadline,
+    ErrorMap,
+    Verdict,
+    closed_guard,
+    current_deadline,
+    flat,
+)
 from hicache_storage.redact import redact_text, redact_url
 
 from .config import MAX_OBJECT_KEY_BYTES, MAX_PUT_BYTES, S3Config, capabilities
@@ -163,35 +169,6 @@ _LOG_SCOPES = ("botocore", "urllib3", "boto3", "s3transfer")
 class _DeadlinePassed(Exception):
     """Raised inside a worker when its call is over (deadline reached or given up)."""
 
-
-class _Call:
-    """One public call: its deadline, and the flag that keeps its workers off the caller's buffers.
-
-    Workers copy into the caller's buffers only under :attr:`lock` and only while
-    :attr:`cancelled` is false; the caller sets it under the same lock before it returns without
-    having waited for every worker.
-    """
-
-    __slots__ = ("cancelled", "deadline", "lock")
-
-    def __init__(self, deadline: float) -> None:
-        self.deadline = deadline
-        self.lock = threading.Lock()
-        self.cancelled = False
-
-    def remaining(self) -> float:
-        return self.deadline - time.monotonic()
-
-    def live(self) -> bool:
-        return not self.cancelled and time.monotonic() < self.deadline
-
-    def cancel(self) -> None:
-        with self.lock:
-            self.cancelled = True
-
-
-_current = threading.local()
-"""``call``: the :class:`_Call` the running worker thread serves (None outside a job)."""
 
 _scratch = threading.local()
 """``chunk``: each worker thread's private buffer that response bodies are read into."""
@@ -308,11 +285,6 @@ def _make_client(config: S3Config) -> tuple[Any, frozenset[str]]:
     return client, secrets
 
 
-def _flat(view: memoryview) -> memoryview:
-    """Return ``view`` as a 1-D unsigned-byte view, so that slicing counts bytes."""
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-
-
 def _body(view: memoryview) -> bytes:
     """Return the value as immutable ``bytes``, copying unless it is ``bytes`` already.
 
@@ -335,6 +307,73 @@ def _code(exc: ClientError) -> tuple[str, int]:
 def _is_missing(exc: ClientError) -> bool:
     code, status = _code(exc)
     return status == 404 and code in _MISSING_CODES
+
+
+class _S3Errors(ErrorMap):
+    """botocore's and the socket's failures of one request as typed errors, counted by code.
+
+    ``exc`` and the exceptions chained to it are scrubbed of secrets (the resolved AWS
+    credentials), error responses included, as they stay chained to the error returned.
+    """
+
+    def __init__(self, config: S3Config, secrets: frozenset[str], count: Count) -> None:
+        super().__init__(
+            "s3", secrets=secrets, catch=(ClientError, BotoCoreError, OSError), count=count
+        )
+        self.config = config
+
+    def describe(self, exc: BaseException, what: str) -> Verdict:
+        where = f"s3 {what}"
+        if isinstance(exc, ClientError):
+            code, status = _code(exc)
+            message = exc.response.get("Error", {}).get("Message") or f"HTTP {status}"
+            if status == 403 or code in _AUTH_CODES:
+                text = (
+                    f"{where}: access denied ({code}: {message}); check the credentials and "
+                    f"the bucket policy"
+                )
+                return Verdict(BackendUnavailableError, text, code, retryable=False)
+            if code == "NoSuchBucket":
+                text = f"{where}: the bucket does not exist"
+                return Verdict(BackendUnavailableError, text, code, retryable=False)
+            if status >= 500 or code in _BUSY_CODES:
+                text = f"{where}: the store is failing ({code}: {message})"
+                return Verdict(BackendUnavailableError, text, code)
+            return Verdict(BackendIOError, f"{where}: {code}: {message}", code)
+        code = type(exc).__name__
+        if isinstance(exc, (ConnectTimeoutError, ReadTimeoutError)):
+            text = (
+                f"{where}: no answer within the timeouts (connect "
+                f"{self.config.connect_timeout_s:g} s, read {self.config.read_timeout_s:g} s, "
+                f"{self.config.max_attempts} attempts)"
+            )
+            return Verdict(BackendTimeoutError, text, code)
+        if isinstance(exc, FlexibleChecksumError):
+            text = f"{where}: the object failed its checksum; not used"
+            return Verdict(IntegrityError, text, code)
+        if isinstance(exc, IncompleteReadError):
+            text = f"{where}: the response ended before its Content-Length"
+            return Verdict(BackendIOError, text, code)
+        if isinstance(exc, _CREDENTIAL_ERRORS):
+            text = (
+                f"{where}: no usable AWS credentials ({code}); set them through the AWS "
+                f"chain (environment, shared credentials file, profile, instance role)"
+            )
+            return Verdict(BackendUnavailableError, text, code, retryable=False)
+        if isinstance(exc, (OSError, BotoConnectionError, HTTPClientError)):
+            return Verdict(
+                BackendUnavailableError, f"{where}: cannot reach the store ({code})", code
+            )
+        return Verdict(BackendIOError, f"{where}: {code}", code)
+
+    def mask(self, exc: BaseException) -> None:
+        """Mask the exception's arguments and, for an error response, its parsed fields."""
+        super().mask(exc)
+        details = exc.response.get("Error") if isinstance(exc, ClientError) else None
+        if isinstance(details, dict):
+            for field, value in details.items():
+                if isinstance(value, str):
+                    details[field] = self.redact(value)
 
 
 @closed_guard
@@ -376,6 +415,7 @@ class S3Backend(StorageBackend):
         self._counts: Counter[str] = Counter()
         self._secrets: frozenset[str] = frozenset()
         self._client, self._secrets = _make_client(config)
+        self._error_map = _S3Errors(config, self._secrets, self._count_failure)
         _guard_library_logs(self._secrets)
         events = self._client.meta.events
         events.register_first("needs-retry.s3", self._gate_retry)
@@ -410,7 +450,7 @@ class S3Backend(StorageBackend):
         name = self._name(key)
         if out is None:
             return self._run_one("get", name, self._read_bytes, name)
-        dst = _flat(as_writable(out))
+        dst = flat(as_writable(out))
         loaded = self._run_one("get", name, self._load, name, [dst], True)
         return out if loaded else None
 
@@ -433,8 +473,7 @@ class S3Backend(StorageBackend):
     def batch_get(self, keys: Sequence[str], outs: Sequence[Buffer]) -> list[bool]:
         """Read each object straight into its buffer, concurrently; a size mismatch is a miss."""
         jobs = [
-            (self._name(key), [_flat(as_writable(out))])
-            for key, out in zip(keys, outs, strict=True)
+            (self._name(key), [flat(as_writable(out))]) for key, out in zip(keys, outs, strict=True)
         ]
         return self._map("get", self._load_page, jobs)
 
@@ -463,7 +502,7 @@ class S3Backend(StorageBackend):
                     issued += 1
                 if not window:
                     return count
-                done, _ = concurrent.futures.wait([window[0]], timeout=max(0.0, call.remaining()))
+                done, _ = concurrent.futures.wait([window[0]], timeout=max(0.0, call.left()))
                 if not done:
                     raise self._expired("head", names[count], len(names))
                 if not self._result(window.popleft(), "head", names[count], len(names)):
@@ -486,7 +525,7 @@ class S3Backend(StorageBackend):
         """
         pages = self.page_views(keys, host_indices)
         jobs = [
-            (self._name(key), [_flat(view) for view in views])
+            (self._name(key), [flat(view) for view in views])
             for key, views in zip(keys, pages, strict=True)
         ]
         return self._map("get", self._load_page, jobs)
@@ -498,7 +537,7 @@ class S3Backend(StorageBackend):
         pages = self.page_views(keys, host_indices)
         jobs: list[tuple[str, bytes | bytearray]] = []
         for key, views in zip(keys, pages, strict=True):
-            flat = [_flat(view) for view in views]
+            flat = [flat(view) for view in views]
             body = flat[0].tobytes() if len(flat) == 1 else b"".join(flat)
             jobs.append((self._name(key), body))
         return self._map("set", self._store, jobs)
@@ -760,7 +799,7 @@ class S3Backend(StorageBackend):
             self._count_request("head_bucket")
             self._client.head_bucket(Bucket=self._bucket)
         except ClientError as exc:
-            self._scrub(exc)
+            self._error_map.scrub(exc)
             code, status = _code(exc)
             if status == 404 and self.config.create_bucket:
                 with self._errors("create_bucket", ""):
@@ -807,21 +846,18 @@ class S3Backend(StorageBackend):
 
     # -- concurrency and the deadline ---------------------------------------------------------
 
-    def _new_call(self) -> _Call:
-        return _Call(time.monotonic() + self._deadline_s)
+    def _new_call(self) -> Deadline:
+        return Deadline(self._deadline_s)
 
-    def _job(self, call: _Call, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    def _job(self, call: Deadline, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         """Run ``fn(*args)`` on a worker thread on behalf of ``call`` (nothing once it is over)."""
         if not call.live():
             raise _DeadlinePassed
-        _current.call = call
-        try:
+        with call.applied():
             return fn(*args)
-        finally:
-            _current.call = None
 
     def _submit(
-        self, call: _Call, fn: Callable[..., T], args: tuple[Any, ...]
+        self, call: Deadline, fn: Callable[..., T], args: tuple[Any, ...]
     ) -> concurrent.futures.Future[T]:
         return self._pool.submit(self._job, call, fn, args)
 
@@ -850,7 +886,7 @@ class S3Backend(StorageBackend):
         try:
             _, pending = concurrent.futures.wait(
                 futures,
-                timeout=max(0.0, call.remaining()),
+                timeout=max(0.0, call.left()),
                 return_when=concurrent.futures.FIRST_EXCEPTION,
             )
             for index, future in enumerate(futures):
@@ -882,7 +918,7 @@ class S3Backend(StorageBackend):
 
     def _gate_send(self, **kwargs: Any) -> None:
         """Send nothing for a call that is over (botocore's ``before-send`` event)."""
-        call: _Call | None = getattr(_current, "call", None)
+        call = current_deadline()
         if call is not None and not call.live():
             raise _DeadlinePassed
 
@@ -894,7 +930,7 @@ class S3Backend(StorageBackend):
         up to ``2**i`` s (at most 20, plus up to 5 for ``x-amz-retry-after``) after an error
         response or in legacy mode, ``0.05 * 2**i`` s after a connection error.
         """
-        call: _Call | None = getattr(_current, "call", None)
+        call = current_deadline()
         if call is None:
             return None
         if not call.live():
@@ -907,7 +943,7 @@ class S3Backend(StorageBackend):
                 backoff += _RETRY_AFTER_EXTRA_S
         else:
             backoff = min(_NON_THROTTLING_BACKOFF_S * step, _MAX_BACKOFF_S)
-        if call.remaining() < backoff + _MIN_ATTEMPT_S:
+        if call.left() < backoff + _MIN_ATTEMPT_S:
             return False
         return None
 
@@ -916,97 +952,23 @@ class S3Backend(StorageBackend):
     def _where(self, name: str) -> str:
         return f"s3://{self._bucket}/{name} at {self._endpoint}"
 
-    @contextlib.contextmanager
-    def _errors(self, op: str, name: str) -> Iterator[None]:
+    def _errors(self, op: str, name: str) -> contextlib.AbstractContextManager[None]:
         """Translate botocore and socket failures of one request into typed backend errors."""
-        try:
-            yield
-        except (HiCacheError, _DeadlinePassed):
-            raise
-        except (ClientError, BotoCoreError, OSError) as exc:
-            error = self._translate(op, name, exc)
-            raise error from exc
+        return self._error_map.guard(f"{op} of {self._where(name)}")
 
-    def _translate(self, op: str, name: str, exc: BaseException) -> BackendError:
-        """Return the typed error for a failed request (and count it by code).
+    def _translate(self, op: str, name: str, exc: BaseException) -> HiCacheError:
+        """Return the typed error for a failed request (counted by code)."""
+        return self._error_map.translate(exc, f"{op} of {self._where(name)}")
 
-        ``exc`` and the exceptions chained to it are scrubbed of secrets first, as they stay
-        chained to the error returned.
-        """
-        self._scrub(exc)
-        where = f"s3 {op} of {self._where(name)}"
-        error: BackendError
-        if isinstance(exc, ClientError):
-            code, status = _code(exc)
-            message = exc.response.get("Error", {}).get("Message") or f"HTTP {status}"
-            if status == 403 or code in _AUTH_CODES:
-                error = BackendUnavailableError(
-                    f"{where}: access denied ({code}: {message}); check the credentials and "
-                    f"the bucket policy"
-                )
-                error.retryable = False
-            elif code == "NoSuchBucket":
-                error = BackendUnavailableError(f"{where}: the bucket does not exist")
-                error.retryable = False
-            elif status >= 500 or code in _BUSY_CODES:
-                error = BackendUnavailableError(
-                    f"{where}: the store is failing ({code}: {message})"
-                )
-            else:
-                error = BackendIOError(f"{where}: {code}: {message}")
-        else:
-            code = type(exc).__name__
-            if isinstance(exc, (ConnectTimeoutError, ReadTimeoutError)):
-                error = BackendTimeoutError(
-                    f"{where}: no answer within the timeouts (connect "
-                    f"{self.config.connect_timeout_s:g} s, read {self.config.read_timeout_s:g} s, "
-                    f"{self.config.max_attempts} attempts)"
-                )
-            elif isinstance(exc, FlexibleChecksumError):
-                error = IntegrityError(f"{where}: the object failed its checksum; not used")
-            elif isinstance(exc, IncompleteReadError):
-                error = BackendIOError(f"{where}: the response ended before its Content-Length")
-            elif isinstance(exc, _CREDENTIAL_ERRORS):
-                error = BackendUnavailableError(
-                    f"{where}: no usable AWS credentials ({code}); set them through the AWS "
-                    f"chain (environment, shared credentials file, profile, instance role)"
-                )
-                error.retryable = False
-            elif isinstance(exc, (OSError, BotoConnectionError, HTTPClientError)):
-                error = BackendUnavailableError(f"{where}: cannot reach the store ({code})")
-            else:
-                error = BackendIOError(f"{where}: {code}")
-        call: _Call | None = getattr(_current, "call", None)
-        if call is None or not call.cancelled:  # the caller counted its own deadline
+    def _count_failure(self, code: str) -> None:
+        """Count a failed request by code, unless its call gave up first (that counted itself)."""
+        call = current_deadline()
+        if call is None or not call.cancelled:
             self._count_error(code)
-        if self._secrets:
-            error.args = tuple(
-                self._redact(arg) if isinstance(arg, str) else arg for arg in error.args
-            )
-        return error
 
     def _redact(self, text: str) -> str:
         """Mask the resolved AWS secrets and any URL password in ``text``."""
-        return redact_text(text, self._secrets)
-
-    def _scrub(self, exc: BaseException) -> None:
-        """Mask secrets in the messages of ``exc`` and its chain (a store may echo them)."""
-        if not self._secrets:
-            return
-        seen: set[int] = set()
-        current: BaseException | None = exc
-        while current is not None and id(current) not in seen:
-            seen.add(id(current))
-            if any(isinstance(arg, str) and self._redact(arg) != arg for arg in current.args):
-                current.args = tuple(
-                    self._redact(arg) if isinstance(arg, str) else arg for arg in current.args
-                )
-            details = current.response.get("Error") if isinstance(current, ClientError) else None
-            if isinstance(details, dict):
-                for field, value in details.items():
-                    if isinstance(value, str):
-                        details[field] = self._redact(value)
-            current = current.__cause__ or current.__context__
+        return self._error_map.redact(text)
 
     def _count_request(self, op: str) -> None:
         with self._lock:
@@ -1021,10 +983,9 @@ class S3Backend(StorageBackend):
             self._counts[counter] += amount
 
 
-def _the_call() -> _Call:
-    """Return the call the running worker serves; outside a job, one that never ends."""
-    call: _Call | None = getattr(_current, "call", None)
-    return call if call is not None else _Call(float("inf"))
+def _the_call() -> Deadline:
+    """Return the deadline of the call the running worker serves; outside a job, none that ends."""
+    return current_deadline() or Deadline(float("inf"))
 
 
 def _chunk_buffer() -> memoryview:
@@ -1035,7 +996,7 @@ def _chunk_buffer() -> memoryview:
     return chunk
 
 
-def _fill(body: Any, view: memoryview, call: _Call) -> None:
+def _fill(body: Any, view: memoryview, call: Deadline) -> None:
     """Read exactly ``view.nbytes`` bytes of ``body`` into ``view``, chunk by chunk.
 
     Each chunk is read into this thread's private buffer, then copied into ``view`` under the

@@ -13,6 +13,8 @@ Everything here is public API, used by the built-in backends and the same for th
   what objects' bytes mean, for namings whose keys cannot say it;
 * :mod:`~hicache_storage.kit.parallel`: :class:`IOWorkers`, many pages in flight on a bounded,
   lazily started thread pool;
+* :mod:`~hicache_storage.kit.deadline`: :class:`Deadline`, one call's bound, which the call
+  asks before each request and client code finds through the thread (:func:`bounded`);
 * :mod:`~hicache_storage.kit.guard`: :func:`closed_guard`, refusing calls after ``close()`` and
   releasing nothing under a call in flight (:class:`CallGate`);
 * :mod:`~hicache_storage.kit.faults`: :class:`MediumFaults`, the fault hook that lets the
@@ -29,7 +31,8 @@ Everything here is public API, used by the built-in backends and the same for th
 from __future__ import annotations
 
 from .baseline import V1_CALLS, Baseline, PageBaseline
-from .errors import ErrorMap, Rule, is_missing
+from .deadline import Deadline, bounded, current_deadline
+from .errors import Count, ErrorMap, Rule, Verdict, is_missing
 from .faults import FAULT_KINDS, OPS, POSIX_ERRORS, MediumFaults
 from .files import TEMP_MARK, AtomicFiles, FanoutPaths, fsync_dir, is_temp, temp_name
 from .formats import MANIFEST_PREFIX, FormatManifest
@@ -79,6 +82,8 @@ __all__ = [
     "AtomicFiles",
     "Baseline",
     "CallGate",
+    "Count",
+    "Deadline",
     "ErrorMap",
     "FanoutPaths",
     "FormatManifest",
@@ -91,7 +96,10 @@ __all__ = [
     "Rule",
     "ServerControl",
     "ServiceState",
+    "Verdict",
+    "bounded",
     "closed_guard",
+    "current_deadline",
     "flat",
     "free_port",
     "fsync_dir",

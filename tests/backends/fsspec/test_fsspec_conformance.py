@@ -7,17 +7,14 @@ from typing import Any
 
 import pytest
 
-from hicache_storage.conformance.report import load_report, run_suite
-
-from ...helpers import assert_conforms
+from ...helpers import assert_conforms, passing_suite
 
 pytestmark = pytest.mark.timeout(900)
 """A whole suite over a server takes 3-5 minutes on the 2-core CI machine."""
 
 
 def _passes(config: dict[str, Any], report_dir: Path, claims: set[str]) -> None:
-    assert run_suite("fsspec", config, report_dir) == 0
-    report = load_report(report_dir)
+    report = passing_suite("fsspec", config, report_dir)
     assert report.backend == "fsspec"
     assert set(report.capabilities) == claims
     assert_conforms(report, medium_faults=True)

@@ -17,7 +17,6 @@ from hicache_storage import create_backend
 from hicache_storage.backend import StorageBackend
 from hicache_storage.backends.process.launcher import launcher
 from hicache_storage.config import LayerConfig
-from hicache_storage.conformance.report import load_report, run_suite
 from hicache_storage.engine.bench import run_bench
 from hicache_storage.errors import (
     BackendTimeoutError,
@@ -29,7 +28,7 @@ from hicache_storage.errors import (
 from hicache_storage.hostpool import MHAHostPool
 
 from ...engine.test_bench import SMALL
-from ...helpers import assert_conforms
+from ...helpers import assert_conforms, passing_suite
 
 PAGE = 4
 BARE = LayerConfig(metrics=False, degrade=False)
@@ -69,8 +68,7 @@ def bare(tmp_path: Path) -> Iterator[StorageBackend]:
 @pytest.mark.timeout(900)
 def test_file_served_from_a_process_passes_the_suite(tmp_path: Path) -> None:
     config = _served(tmp_path / "store")
-    assert run_suite("process", config, tmp_path / "report") == 0
-    report = load_report(tmp_path / "report")
+    report = passing_suite("process", config, tmp_path / "report")
     assert "shared_host_pool" in report.capabilities and "persistent" in report.capabilities
     assert_conforms(report)
 

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hicache_storage.conformance.report import load_report, run_suite
 from hicache_storage.kit.services import LocalService
 
-from ...helpers import assert_conforms
+from ...helpers import assert_conforms, passing_suite
 
 
 def test_redis_passes_suite_with_server_faults(tmp_path: Path, redis_service: LocalService) -> None:
     mode = "cluster" if "cluster_nodes" in redis_service.options else "standalone"
     config = {**redis_service.options, "prefix": f"conformance-{mode}:"}
-    assert run_suite("redis", config, tmp_path) == 0
-    report = load_report(tmp_path)
+    report = passing_suite("redis", config, tmp_path)
     assert report.backend == "redis"
     assert {"persistent", "shared", "delete", "crash_safe_writes"} <= set(report.capabilities)
     assert_conforms(report, server_faults=True)

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from hicache_storage.conformance.report import load_report, run_suite
 from hicache_storage.kit.services import LocalService
 
-from ...helpers import assert_conforms
+from ...helpers import assert_conforms, passing_suite
 
 pytestmark = pytest.mark.timeout(900)
 """A whole suite over a server takes 3-5 minutes on the 2-core CI machine."""
@@ -17,8 +16,7 @@ pytestmark = pytest.mark.timeout(900)
 
 def test_s3_passes_suite_with_server_faults(s3_service: LocalService, tmp_path: Path) -> None:
     config = {**s3_service.options, "prefix": "conformance/"}
-    assert run_suite("s3", config, tmp_path / "report") == 0
-    report = load_report(tmp_path / "report")
+    report = passing_suite("s3", config, tmp_path / "report")
     assert report.backend == "s3"
     assert {"persistent", "shared", "delete", "crash_safe_writes"} <= set(report.capabilities)
     assert_conforms(report, server_faults=True)

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hicache_storage.conformance.report import load_report, run_suite
 from hicache_storage.kit.services import LocalService
 
-from ...helpers import assert_conforms
+from ...helpers import assert_conforms, passing_suite
 from .conftest import GEOMETRY, service_options
 
 
 def test_suite_passes_with_in_process_metadata(tmp_path: Path) -> None:
     config = {"path": str(tmp_path / "store"), **GEOMETRY}
-    assert run_suite("3fs", config, tmp_path / "report") == 0
-    report = load_report(tmp_path / "report")
+    report = passing_suite("3fs", config, tmp_path / "report")
     assert_conforms(report, integrity=True, medium_faults=True)
     assert {"native_zero_copy", "bounded", "delete"} <= set(report.capabilities)
     assert not {"shared", "persistent", "crash_safe_writes"} & set(report.capabilities)
@@ -28,8 +26,7 @@ def test_suite_passes_with_in_process_metadata(tmp_path: Path) -> None:
 
 def test_suite_passes_with_metadata_service(tmp_path: Path, shared_service: LocalService) -> None:
     config = service_options(shared_service, tmp_path / "store")
-    assert run_suite("3fs", config, tmp_path / "report") == 0
-    report = load_report(tmp_path / "report")
+    report = passing_suite("3fs", config, tmp_path / "report")
     assert_conforms(report, server_faults=True, integrity=True, medium_faults=True)
     claimed = set(report.capabilities)
     assert {"shared", "persistent", "crash_safe_writes", "native_zero_copy"} <= claimed
@@ -49,8 +46,7 @@ def test_store_smaller_than_a_batch_passes_the_batch_checks(
         "file_count": 2,
         "slot_bytes": 4 << 20,
     }
-    assert run_suite("3fs", config, tmp_path / "report", ["-k", "TestBatch"]) == 0
-    report = load_report(tmp_path / "report")
+    report = passing_suite("3fs", config, tmp_path / "report", ["-k", "TestBatch"])
     assert "TestBatch::test_batch_long_300_keys" in {
         c.id for c in report.checks if c.outcome == "passed"
     }
@@ -66,8 +62,7 @@ def test_small_store_runs_the_bounded_checks(tmp_path: Path, shared_service: Loc
         "file_count": 2,
         "slot_bytes": 64 << 10,
     }
-    assert run_suite("3fs", config, tmp_path / "report", ["-k", "TestBounded"]) == 0
-    report = load_report(tmp_path / "report")
+    report = passing_suite("3fs", config, tmp_path / "report", ["-k", "TestBounded"])
     passed = {c.id for c in report.checks if c.outcome == "passed"}
     assert {
         "TestBounded::test_stats_report_usage_bound_and_evictions",
