@@ -537,8 +537,8 @@ class S3Backend(StorageBackend):
         pages = self.page_views(keys, host_indices)
         jobs: list[tuple[str, bytes | bytearray]] = []
         for key, views in zip(keys, pages, strict=True):
-            flat = [flat(view) for view in views]
-            body = flat[0].tobytes() if len(flat) == 1 else b"".join(flat)
+            parts = [flat(view) for view in views]
+            body = parts[0].tobytes() if len(parts) == 1 else b"".join(parts)
             jobs.append((self._name(key), body))
         return self._map("set", self._store, jobs)
 
