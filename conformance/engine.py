@@ -67,6 +67,7 @@ from hicache_storage.backend import StorageBackend
 from hicache_storage.config import FaultConfig, FaultRule, LayerConfig
 from hicache_storage.conformance.checks.common import SHARED_POOLS
 from hicache_storage.conformance.report import Outcome
+from hicache_storage.engine.build import build_cache
 from hicache_storage.engine.cache import CacheConfig, TierCache
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.model import LlamaModel, ModelConfig
@@ -74,8 +75,6 @@ from hicache_storage.engine.policies import PrefetchPolicy, PrefetchTimeout, Wri
 from hicache_storage.engine.scheduler import Request
 from hicache_storage.engine.workloads import Conversation, MultiTurn
 from hicache_storage.errors import ConfigError, UnsupportedOperationError
-from hicache_storage.hostpool import MHAHostPool
-from hicache_storage.kernels import DevicePool
 from hicache_storage.keys import RankSuffixScheme
 from hicache_storage.kit.services import PausableServerControl, ServerControl
 from hicache_storage.layers import ForwardingBackend
@@ -338,23 +337,19 @@ class _Case:
         **config: Any,
     ) -> TierCache:
         """Build a cache over fresh pools small enough to evict to the host and storage."""
-        c = self.model.config
         longest = max(len(t.prompt) + len(t.expected) for r in self.transcript for t in r)
         device_tokens = max(DEVICE_TOKENS, -(-longest // PAGE) * PAGE)
-        device = DevicePool.mha(device_tokens, c.layers, c.kv_heads, c.head_dim, c.dtype)
-        host = MHAHostPool(
-            HOST_TOKENS,
-            PAGE,
-            c.layers,
-            c.kv_heads,
-            c.head_dim,
-            c.dtype,
-            "layer_first",
-            False,
-            shared=SHARED_POOLS,
-        )
         cache_config = CacheConfig(PAGE, write_policy=write, prefetch_policy=prefetch, **config)
-        return TierCache(device, host, backend, cache_config, scheme=self.scheme)
+        return build_cache(
+            self.model.config,
+            cache_config,
+            device_tokens=device_tokens,
+            host_tokens=HOST_TOKENS,
+            backend=backend,
+            pin_memory=False,
+            shared_host=SHARED_POOLS,
+            scheme=self.scheme,
+        )
 
     def serve(
         self,

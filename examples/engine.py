@@ -13,12 +13,11 @@ import sys
 import tempfile
 
 from hicache_storage import create_backend
-from hicache_storage.engine.cache import CacheConfig, TierCache
+from hicache_storage.engine.build import build_cache
+from hicache_storage.engine.cache import CacheConfig
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.model import LlamaModel, ModelConfig
 from hicache_storage.engine.policies import PrefetchPolicy
-from hicache_storage.hostpool import MHAHostPool
-from hicache_storage.kernels import DevicePool
 
 PAGE = 4
 
@@ -50,16 +49,12 @@ def serve(engine: Engine, turns: list[list[list[int]]]) -> list[list[int]]:
 def main(root: str) -> None:
     config = ModelConfig.tiny()
     model = LlamaModel(config)
-    device = DevicePool.mha(64, config.layers, config.kv_heads, config.head_dim, config.dtype)
-    host = MHAHostPool(
-        48, PAGE, config.layers, config.kv_heads, config.head_dim, config.dtype, pin_memory=False
-    )
     with create_backend("file", {"root": root}) as backend:
         # Wait for every storage read: this tiny model recomputes a page faster than the file
         # store reads it, so the default `adaptive` policy would (rightly) recompute instead,
         # and the example is here to show pages making the round trip.
         policies = CacheConfig(PAGE, prefetch_policy=PrefetchPolicy.WAIT_COMPLETE)
-        cache = TierCache(device, host, backend, policies)
+        cache = build_cache(config, policies, device_tokens=64, host_tokens=48, backend=backend)
         turns = conversations(clients=3, rounds=4)
         with Engine(model, cache) as engine:  # closing flushes the queued storage writes
             cached = serve(engine, turns)

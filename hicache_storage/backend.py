@@ -29,7 +29,7 @@ from .errors import (
     PoolNotRegisteredError,
     UnsupportedOperationError,
 )
-from .options import positive_int
+from .kit.options import positive_int
 
 if TYPE_CHECKING:
     import torch

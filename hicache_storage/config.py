@@ -22,7 +22,7 @@ import msgspec
 
 from .errors import ConfigError
 from .keys import KeyScheme, KeySchemeError, RankSuffixScheme, UnifiedPlan, plan_unified
-from .options import check_count, check_seconds
+from .kit.options import check_count, check_seconds
 from .redact import redact_text, secrets_in
 
 __all__ = [

@@ -22,11 +22,10 @@ from typing import Any
 
 import torch
 
+from hicache_storage.engine.build import build_cache
 from hicache_storage.engine.cache import CacheConfig, TierCache
 from hicache_storage.engine.model import LlamaModel, ModelConfig
 from hicache_storage.engine.scheduler import Request, Scheduler
-from hicache_storage.hostpool import MHAHostPool
-from hicache_storage.kernels import DevicePool
 
 
 def sync(device: str) -> None:
@@ -77,19 +76,13 @@ def main() -> None:
     config = ModelConfig.llama3_8b() if args.model == "8b" else ModelConfig.tiny()
     model = LlamaModel(config, args.device)
     tokens = args.prefix + args.suffix + args.page_size
-    device = DevicePool.mha(
-        tokens, config.layers, config.kv_heads, config.head_dim, config.dtype, device=args.device
+    cache = build_cache(
+        config,
+        CacheConfig(args.page_size),
+        device_tokens=tokens,
+        host_tokens=tokens,
+        device=args.device,
     )
-    host = MHAHostPool(
-        tokens,
-        args.page_size,
-        config.layers,
-        config.kv_heads,
-        config.head_dim,
-        config.dtype,
-        pin_memory=args.device == "cuda",
-    )
-    cache = TierCache(device, host, None, CacheConfig(args.page_size))
     scheduler = Scheduler(model, cache, chunk_tokens=8192)
     rng = random.Random(0)
     prefix = [rng.randrange(config.vocab_size) for _ in range(args.prefix)]

@@ -21,7 +21,8 @@ from typing import Any
 
 from hicache_storage import create_backend
 from hicache_storage.backend import StorageBackend
-from hicache_storage.bench import format_size, parse_sizes
+from hicache_storage.bench.backend import parse_sizes
+from hicache_storage.bench.report import format_size
 
 
 def _options(name: str, root: str, size: int, batch: int, integrity: bool) -> dict[str, Any]:

@@ -25,8 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hicache_storage.bench.kernels import SHAPES, Bench, parse_args, two_streams
 from hicache_storage.kernels import KernelConfig, KVTransfer
-from hicache_storage.kernels.bench import SHAPES, Bench, parse_args, two_streams
 
 HOPS = 2000
 

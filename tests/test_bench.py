@@ -10,15 +10,15 @@ import msgspec
 import pytest
 
 from hicache_storage import ConfigError, register_plugin, unregister_plugin
-from hicache_storage.bench import (
+from hicache_storage.bench.backend import (
     BenchError,
     BenchReport,
     bench_hashing,
-    format_size,
     parse_size,
     parse_sizes,
     run_bench,
 )
+from hicache_storage.bench.report import format_size
 
 
 def small_run(name: str, page_sizes: list[int]) -> BenchReport:

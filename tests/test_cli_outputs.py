@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+from hicache_storage.bench.engine import BenchConfig, BenchResult, run_bench
 from hicache_storage.cli import engine as engine_cli
 from hicache_storage.cli import main
 from hicache_storage.conformance import engine as engine_check
 from hicache_storage.conformance import report as conformance_report
 from hicache_storage.conformance.engine import EngineCheck, EngineReport
 from hicache_storage.conformance.report import Report, write_report
-from hicache_storage.engine.bench import BenchConfig, BenchResult, run_bench
 
 TINY = BenchConfig(
     clients=1,

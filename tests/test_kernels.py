@@ -692,7 +692,7 @@ def test_plan_uses_wide_words_and_power_of_two_chunks_for_mla() -> None:
 
 
 def test_bench_needs_a_gpu(capsys: pytest.CaptureFixture[str]) -> None:
-    from hicache_storage.kernels.bench import main
+    from hicache_storage.bench.kernels import main
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU; the benchmark itself is run by hand")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hicache_storage.options import bytes_of
+from hicache_storage.kit.options import bytes_of
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache_storage.vectored import IOV_MAX, advance, flat, read_into, write_from
+from hicache_storage.kit.vectored import IOV_MAX, advance, flat, read_into, write_from
 
 
 def test_more_buffers_than_iov_max_round_trip(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ Reads
     ``io_threads`` pages at once (:class:`~hicache_storage.kit.IOWorkers`).
 
 Integrity (``integrity=True``, the default)
-    Each file is the value followed by a 32-byte :mod:`~hicache_storage.integrity` record
+    Each file is the value followed by a 32-byte :mod:`~hicache_storage.kit.integrity` record
     (length, CRC32C, key digest), read in the same ``preadv`` and verified before a hit is
     reported: a truncated, corrupted or misnamed file is a miss, counted by reason in
     ``stats()["integrity_failures"]``, and removed.
@@ -65,7 +65,6 @@ from hicache_storage.errors import (
     InvalidKeyError,
 )
 from hicache_storage.hostpool import HostKVPool
-from hicache_storage.integrity import RECORD_BYTES, check, record, verify
 from hicache_storage.keys.format import ObjectFormat
 from hicache_storage.keys.validation import validate_key
 from hicache_storage.kit import (
@@ -83,6 +82,7 @@ from hicache_storage.kit import (
     write_checked,
     write_from,
 )
+from hicache_storage.kit.integrity import RECORD_BYTES, check, record, verify
 
 from .config import FileConfig, capabilities
 from .evictor import LRUCapacity

@@ -8,7 +8,7 @@ from typing import Literal
 import msgspec
 
 from hicache_storage.capabilities import Capabilities
-from hicache_storage.options import MAX_TTL_S, check_bytes, check_count, check_seconds
+from hicache_storage.kit.options import MAX_TTL_S, check_bytes, check_count, check_seconds
 
 __all__ = ["FileConfig", "capabilities"]
 

@@ -7,7 +7,7 @@ from typing import Any, Literal
 import msgspec
 
 from hicache_storage.capabilities import Capabilities
-from hicache_storage.options import check_count, check_seconds
+from hicache_storage.kit.options import check_count, check_seconds
 from hicache_storage.redact import redact_options, redact_url
 
 __all__ = ["CAPABILITIES", "FsspecConfig", "Kind", "capabilities"]

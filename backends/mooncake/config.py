@@ -4,7 +4,7 @@ Each connection setting comes from, in order of precedence: the backend options,
 (``config_path``, else ``$SGLANG_HICACHE_MOONCAKE_CONFIG_PATH``, else ``$MOONCAKE_CONFIG_PATH``)
 with SGLang's field names, the ``MOONCAKE_*`` environment variables, and the defaults below.
 Sizes are bytes or strings such as ``"4GB"``/``"512MiB"``; like Mooncake and SGLang, every unit
-is a power of 1024 (:func:`~hicache_storage.options.bytes_of` with ``units="binary"``).
+is a power of 1024 (:func:`~hicache_storage.kit.options.bytes_of` with ``units="binary"``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import msgspec
 
 from hicache_storage.capabilities import Capabilities
 from hicache_storage.errors import ConfigError
-from hicache_storage.options import MAX_BYTES, bytes_of, check_port, check_seconds
+from hicache_storage.kit.options import MAX_BYTES, bytes_of, check_port, check_seconds
 from hicache_storage.redact import redact_url
 
 __all__ = [

@@ -8,7 +8,7 @@ import urllib.parse
 import msgspec
 
 from hicache_storage.capabilities import Capabilities
-from hicache_storage.options import MAX_COUNT, MAX_TTL_S, check_count, check_port, check_seconds
+from hicache_storage.kit.options import MAX_COUNT, MAX_TTL_S, check_count, check_port, check_seconds
 from hicache_storage.redact import MASK, redact_url, secrets_in
 
 __all__ = [

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hicache_storage.lazy import lazy_exports
+from hicache_storage.kit.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .backend import S3Backend

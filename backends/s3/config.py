@@ -14,7 +14,7 @@ from typing import Literal
 import msgspec
 
 from hicache_storage.capabilities import Capabilities
-from hicache_storage.options import check_count, check_port, check_seconds
+from hicache_storage.kit.options import check_count, check_port, check_seconds
 from hicache_storage.redact import redact_url
 
 __all__ = [

@@ -19,7 +19,7 @@ Reads
     may then hold other bytes, as after any miss it must not be used).
 
 Integrity (``integrity=True``, the default)
-    Each file ends with one 32-byte :mod:`~hicache_storage.integrity` record per slot. A write
+    Each file ends with one 32-byte :mod:`~hicache_storage.kit.integrity` record per slot. A write
     puts the value's record (key digest, length, CRC32C, and the generation: the reservation's
     epoch and id) at its first slot, in the same batch of I/O as the bytes; a read fetches it in
     the same batch and verifies it after ``confirm``. The metadata may hand a slot to another key
@@ -58,8 +58,8 @@ from hicache_storage.errors import (
     BufferSizeError,
     ConfigError,
 )
-from hicache_storage.integrity import RECORD_BYTES, seal, verify
 from hicache_storage.kit import POSIX_ERRORS, ErrorMap, MediumFaults, closed_guard, flat
+from hicache_storage.kit.integrity import RECORD_BYTES, seal, verify
 
 from .config import ThreeFSConfig, capabilities
 from .io import IORequest, SlotIO, open_io

@@ -9,8 +9,8 @@ from typing import Literal
 import msgspec
 
 from hicache_storage.capabilities import Capabilities
-from hicache_storage.integrity import RECORD_BYTES
-from hicache_storage.options import MAX_COUNT, check_bytes, check_count, check_seconds
+from hicache_storage.kit.integrity import RECORD_BYTES
+from hicache_storage.kit.options import MAX_COUNT, check_bytes, check_count, check_seconds
 from hicache_storage.redact import redact_url
 
 from .metadata import Geometry

@@ -33,7 +33,7 @@ from typing import Any, Literal, NamedTuple
 
 from hicache_storage.errors import ConfigError, MissingDependencyError
 from hicache_storage.kit.guard import DRAIN_S, CallGate
-from hicache_storage.vectored import read_into, write_from
+from hicache_storage.kit.vectored import read_into, write_from
 
 __all__ = [
     "HF3FS_SUPER_MAGIC",

@@ -36,7 +36,7 @@ from hicache_storage.conformance.workers import make_value
 from hicache_storage.errors import BufferSizeError, IndexAlignmentError, PoolNotRegisteredError
 from hicache_storage.hostpool import UnifiedObjectPool
 from hicache_storage.keys import UnifiedPlan, plan_unified
-from hicache_storage.vectored import IOV_MAX
+from hicache_storage.kit.vectored import IOV_MAX
 
 __all__ = [
     "TestModelPages",

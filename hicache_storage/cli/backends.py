@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 import msgspec
 
-from ..bench import format_size
+from ..bench.report import format_size
 from ..errors import HiCacheError
 from ..registry import (
     BackendSpec,

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 import click
 import msgspec
 
-from ..bench import BenchReport, OpStats, format_size, parse_sizes, run_bench
+from ..bench.backend import BenchReport, OpStats, parse_sizes, run_bench
+from ..bench.report import format_size
 from .options import backend_options
 
 if TYPE_CHECKING:

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..config import read_source
-from ..engine.bench import (
+from ..bench.engine import (
     PARTS,
     RUNS,
     BenchConfig,
@@ -21,6 +20,8 @@ from ..engine.bench import (
     plot_ttft_by_round,
     run_bench,
 )
+from ..bench.report import approx_size
+from ..config import read_source
 from ..engine.policies import PrefetchPolicy, WritePolicy
 from ..errors import ConfigError
 from .options import backend_options, writable_file
@@ -28,18 +29,10 @@ from .options import backend_options, writable_file
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["engine_group", "format_size", "render"]
+__all__ = ["engine_group", "render"]
 
 
 _ROUNDING = "; in reduced precision, rounding can flip greedy tokens (try --dtype float32)"
-
-
-def format_size(nbytes: int) -> str:
-    """Format a byte count in the largest IEC unit it reaches, to three figures (``1.2 MiB``)."""
-    for unit, scale in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.3g} {unit}"
-    return f"{nbytes} B"
 
 
 def _same(run: RunResult) -> str:
@@ -65,8 +58,8 @@ def render(result: BenchResult, console: Console) -> None:
         ),
         caption=(
             f"prompt tokens; L1 pool {config.device_tokens:,} tokens "
-            f"({format_size(result.device_pool_bytes)}), L2 pool {config.host_tokens:,} tokens "
-            f"({format_size(result.host_pool_bytes)}); same: outputs equal to no-cache's"
+            f"({approx_size(result.device_pool_bytes)}), L2 pool {config.host_tokens:,} tokens "
+            f"({approx_size(result.host_pool_bytes)}); same: outputs equal to no-cache's"
         ),
     )
     tokens.add_column("config", no_wrap=True)
@@ -123,8 +116,8 @@ def render(result: BenchResult, console: Console) -> None:
         per_layer = run.exposed_per_layer_s
         loads.add_row(
             run.name,
-            format_size(run.storage_bytes_read),
-            format_size(run.storage_bytes_written),
+            approx_size(run.storage_bytes_read),
+            approx_size(run.storage_bytes_written),
             f"{run.loads:,}",
             _ms(run.load_s),
             _ms(run.exposed_load_s),

@@ -14,6 +14,7 @@ from .backends import backends_command
 from .bench import bench_command
 from .check import check_command
 from .engine import engine_group
+from .kernels import kernels_group
 
 __all__ = ["main"]
 
@@ -83,3 +84,4 @@ main.add_command(backends_command)
 main.add_command(bench_command)
 main.add_command(check_command)
 main.add_command(engine_group)
+main.add_command(kernels_group)

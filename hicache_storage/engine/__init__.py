@@ -5,14 +5,15 @@ use, so ``import hicache_storage.engine`` stays cheap:
 
 - :class:`Engine`: model, cache and scheduler together; :class:`Scheduler` and :class:`Request`
   when driving them by hand;
-- :class:`TierCache` and its :class:`CacheConfig` (policies, thresholds, threads);
+- :class:`TierCache` and its :class:`CacheConfig` (policies, thresholds, threads), and
+  :func:`build_cache`, which sizes the pools for a model shape and builds the cache over them;
 - :class:`LlamaModel` and its :class:`ModelConfig` (shapes, seeded weights);
 - the engine's errors (:mod:`hicache_storage.engine.errors`).
 """
 
 from __future__ import annotations
 
-from hicache_storage.lazy import lazy_exports
+from hicache_storage.kit.lazy import lazy_exports
 
 __all__ = [
     "CacheConfig",
@@ -27,12 +28,14 @@ __all__ = [
     "Scheduler",
     "StorageBugError",
     "TierCache",
+    "build_cache",
 ]
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "CacheConfig": ".cache",
+        "build_cache": ".build",
         "TierCache": ".cache",
         "Engine": ".engine",
         "LlamaModel": ".model",

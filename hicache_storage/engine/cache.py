@@ -53,7 +53,7 @@ from hicache_storage.keys import (
     UnifiedPlan,
     logical_dtype,
 )
-from hicache_storage.options import positive_int
+from hicache_storage.kit.options import positive_int
 
 from .costs import CostModel
 from .errors import PoolMismatchError

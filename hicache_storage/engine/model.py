@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from hicache_storage.errors import ConfigError, HostPoolError, InvalidValueError
-from hicache_storage.options import positive_int
+from hicache_storage.kit.options import positive_int
 
 __all__ = [
     "DTYPES",

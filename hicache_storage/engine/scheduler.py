@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from hicache_storage.errors import ConfigError
-from hicache_storage.options import positive_int
+from hicache_storage.kit.options import positive_int
 
 from .cache import Lease, Lookup, TierCache
 from .errors import InvalidRequestError, PoolMismatchError, RequestFailedError, RequestTypeError

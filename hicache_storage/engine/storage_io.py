@@ -31,7 +31,7 @@ import torch
 from hicache_storage.backend import StorageBackend
 from hicache_storage.engine.errors import StorageBugError
 from hicache_storage.errors import BackendError, ConfigError
-from hicache_storage.options import positive_int
+from hicache_storage.kit.options import positive_int
 
 from .costs import CostModel
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from hicache_storage.errors import ConfigError
-from hicache_storage.options import positive_int
+from hicache_storage.kit.options import positive_int
 
 __all__ = ["Conversation", "DocumentQueries", "MultiTurn", "Turn"]
 

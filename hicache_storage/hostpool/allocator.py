@@ -16,7 +16,7 @@ import numpy.typing as npt
 import torch
 
 from hicache_storage.errors import AllocatorError, HostPoolError, IndexAlignmentError
-from hicache_storage.options import positive_int
+from hicache_storage.kit.options import positive_int
 
 __all__ = ["PageAllocator", "page_ids", "page_starts"]
 

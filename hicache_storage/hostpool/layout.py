@@ -35,7 +35,7 @@ import enum
 from collections.abc import Sequence
 
 from hicache_storage.errors import HostPoolError
-from hicache_storage.options import positive_int
+from hicache_storage.kit.options import positive_int
 
 __all__ = [
     "Layout",

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import msgspec
 
 from hicache_storage.errors import ConfigError
-from hicache_storage.options import positive_int
+from hicache_storage.kit.options import positive_int
 
 __all__ = ["FORMAT_VERSION", "ObjectFormat", "is_format_tag"]
 

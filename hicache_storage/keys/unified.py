@@ -30,7 +30,7 @@ import msgspec
 
 from hicache_storage.errors import ConfigError, UnsupportedOperationError
 from hicache_storage.keys.validation import MAX_KEY_LENGTH
-from hicache_storage.options import positive_int
+from hicache_storage.kit.options import positive_int
 
 __all__ = [
     "OBJECT_LAYOUTS",

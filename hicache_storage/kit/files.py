@@ -22,7 +22,7 @@ import re
 import secrets
 from collections.abc import Callable, Sequence
 
-from hicache_storage.vectored import write_from
+from hicache_storage.kit.vectored import write_from
 
 __all__ = ["TEMP_MARK", "AtomicFiles", "FanoutPaths", "fsync_dir", "is_temp", "temp_name"]
 

@@ -1,7 +1,7 @@
 """Vectored page I/O: move a page's buffers to and from a file or a stream without staging.
 
 A v1 page is a list of buffers (one per layer, or per K/V half); a unified object can have
-thousands. The fd helpers (re-exported from :mod:`hicache_storage.vectored`) issue
+thousands. The fd helpers (re-exported from :mod:`hicache_storage.kit.vectored`) issue
 ``preadv``/``pwritev`` in chunks of at most :data:`IOV_MAX` buffers and loop over short
 transfers; :func:`readinto_views` and :func:`write_views` do the same over any binary stream
 (an ``open()`` file, an fsspec file, a socket file) through ``readinto``/``write``.
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Protocol
 
-from hicache_storage.integrity import checksum
-from hicache_storage.vectored import IOV_MAX, flat, read_into, write_from
+from hicache_storage.kit.integrity import checksum
+from hicache_storage.kit.vectored import IOV_MAX, flat, read_into, write_from
 
 __all__ = [
     "CHECK_CHUNK_BYTES",
@@ -69,7 +69,7 @@ def read_checked(
     ``checked``). Where the native helper is built, each chunk of ``chunk_bytes`` is checksummed
     right after it is read, while it is still in the CPU cache, in one loop that never takes the
     GIL; elsewhere this is :func:`read_into` followed by
-    ``hicache_storage.integrity.checksum``. A short file gives fewer bytes (and the CRC32C
+    ``hicache_storage.kit.integrity.checksum``. A short file gives fewer bytes (and the CRC32C
     of those read).
 
     Raises
@@ -95,7 +95,7 @@ def write_checked(
 
     The mirror of :func:`read_checked`: with the native helper each chunk is checksummed just
     before it is written, so the bytes are read from memory once, in a loop that never takes
-    the GIL; elsewhere it is ``hicache_storage.integrity.checksum``, then
+    the GIL; elsewhere it is ``hicache_storage.kit.integrity.checksum``, then
     :func:`write_from`.
 
     Raises

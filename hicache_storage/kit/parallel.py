@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from hicache_storage.errors import BackendClosedError
-from hicache_storage.options import positive_int
+from hicache_storage.kit.options import positive_int
 
 __all__ = ["IOWorkers"]
 

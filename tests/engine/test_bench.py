@@ -12,8 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from hicache_storage.cli import main
-from hicache_storage.engine.bench import (
+from hicache_storage.bench.engine import (
     PARTS,
     RUNS,
     BenchConfig,
@@ -22,6 +21,7 @@ from hicache_storage.engine.bench import (
     plot_ttft_by_round,
     run_bench,
 )
+from hicache_storage.cli import main
 from hicache_storage.errors import ConfigError, MissingDependencyError
 
 # One request at a time, in order, waiting for every storage read: the hits are deterministic.

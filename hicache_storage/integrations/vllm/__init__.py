@@ -22,7 +22,7 @@ checks.
 from __future__ import annotations
 
 from hicache_storage.integrations.vllm.config import TIER_KEYS, TierSettings, tier_settings
-from hicache_storage.lazy import lazy_exports
+from hicache_storage.kit.lazy import lazy_exports
 
 __all__ = ["TIER_KEYS", "HiCacheTier", "TierSettings", "tier_settings"]
 

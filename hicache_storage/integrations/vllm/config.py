@@ -8,7 +8,7 @@ from typing import Any
 
 from hicache_storage.config import HiCacheConfig, load_config, read_source
 from hicache_storage.errors import ConfigError
-from hicache_storage.options import check_count
+from hicache_storage.kit.options import check_count
 
 __all__ = ["LOCALITIES", "TIER_KEYS", "TierSettings", "tier_settings"]
 

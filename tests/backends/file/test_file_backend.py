@@ -29,8 +29,8 @@ from hicache_storage.errors import (
     PoolNotRegisteredError,
 )
 from hicache_storage.hostpool import HostKVPool, MHAHostPool, MLAHostPool
-from hicache_storage.integrity import RECORD_BYTES
 from hicache_storage.kit import pageio
+from hicache_storage.kit.integrity import RECORD_BYTES
 
 LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
 SENTINEL = 0xA5

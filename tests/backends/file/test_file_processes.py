@@ -15,8 +15,8 @@ import pytest
 
 from hicache_storage.backends.file import FileBackend, FileConfig
 from hicache_storage.config import Deployment
-from hicache_storage.integrity import RECORD_BYTES
 from hicache_storage.kit import NATIVE_CHECKED_READS
+from hicache_storage.kit.integrity import RECORD_BYTES
 
 # On the Python path (os.pwritev, patched) writes are slowed down and cut into 256 KiB pieces, so
 # a kill lands in the middle of one; the native checked writes run at full speed, and a kill lands

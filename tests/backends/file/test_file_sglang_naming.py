@@ -27,7 +27,7 @@ from hicache_storage.backends.file import plugin as file_plugin
 from hicache_storage.config import Deployment
 from hicache_storage.errors import BufferSizeError, ConfigError
 from hicache_storage.hostpool import HostKVPool, MHAHostPool, MLAHostPool
-from hicache_storage.integrity import RECORD_BYTES
+from hicache_storage.kit.integrity import RECORD_BYTES
 
 COMPAT: Final = "sglang_file_compat"
 OUR_TEMP = re.compile(r"\.[A-Za-z0-9][A-Za-z0-9_.\-]*\.tmp\.[0-9]+\.[0-9a-f]{12}")

@@ -35,7 +35,7 @@ PUBLIC = {
     "hicache_storage.config",
     "hicache_storage.buffers",
     "hicache_storage.redact",
-    "hicache_storage.options",
+    "hicache_storage.kit.options",
 }
 SECRET = "fsspec-secret-canary-7d1e"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hicache_storage.bench import run_bench
+from hicache_storage.bench.backend import run_bench
 from hicache_storage.errors import ConfigError
 
 

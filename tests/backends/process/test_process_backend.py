@@ -16,8 +16,8 @@ import torch
 from hicache_storage import create_backend
 from hicache_storage.backend import StorageBackend
 from hicache_storage.backends.process.launcher import launcher
+from hicache_storage.bench.engine import run_bench
 from hicache_storage.config import LayerConfig
-from hicache_storage.engine.bench import run_bench
 from hicache_storage.errors import (
     BackendTimeoutError,
     BackendUnavailableError,

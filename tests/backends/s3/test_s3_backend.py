@@ -382,7 +382,7 @@ def test_short_or_corrupt_body_is_never_a_hit(
 
 
 def test_bench_runs_beside_raw_boto3_and_cleans_up(s3_options: dict[str, Any]) -> None:
-    from hicache_storage.bench import run_bench
+    from hicache_storage.bench.backend import run_bench
 
     report = run_bench(
         "s3",

@@ -22,7 +22,7 @@ import pytest
 from hicache_storage import create_backend
 from hicache_storage.backends.threefs.backend import generation_of
 from hicache_storage.backends.threefs.provision import metadata_service
-from hicache_storage.integrity import RECORD_BYTES, seal
+from hicache_storage.kit.integrity import RECORD_BYTES, seal
 from hicache_storage.kit.services import LocalService
 
 SLOT = 64 << 10

@@ -35,14 +35,16 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from .backend import StorageBackend
-from .config import Deployment, convert, read_source
-from .errors import ConfigError, HiCacheError, UnsupportedOperationError
-from .factory import create_backend
-from .keys import page_hashes
-from .kit.baseline import V1_CALLS
-from .options import bytes_of
-from .registry import get_spec
+from hicache_storage.backend import StorageBackend
+from hicache_storage.config import Deployment, convert, read_source
+from hicache_storage.errors import ConfigError, HiCacheError, UnsupportedOperationError
+from hicache_storage.factory import create_backend
+from hicache_storage.keys import page_hashes
+from hicache_storage.kit.baseline import V1_CALLS
+from hicache_storage.kit.options import bytes_of
+from hicache_storage.registry import get_spec
+
+from .report import format_size
 
 __all__ = [
     "BenchError",
@@ -50,7 +52,6 @@ __all__ = [
     "HashStats",
     "OpStats",
     "PageSizeStats",
-    "format_size",
     "parse_size",
     "parse_sizes",
     "run_bench",
@@ -215,7 +216,7 @@ def parse_size(text: str) -> int:
 
     IEC suffixes (``KiB``, ``MiB``, ...) and bare letters (``K``, ``M``, ...) are powers of
     1024; SI suffixes (``KB``, ``MB``, ...) are powers of 1000
-    (:func:`~hicache_storage.options.bytes_of` with ``units="si"``). Case is ignored.
+    (:func:`~hicache_storage.kit.options.bytes_of` with ``units="si"``). Case is ignored.
 
     Raises
     ------
@@ -242,14 +243,6 @@ def parse_sizes(text: str) -> list[int]:
     if not items:
         raise ConfigError(f"no sizes in {text!r}; write e.g. 1MiB,4MiB")
     return [parse_size(item) for item in items]
-
-
-def format_size(nbytes: int) -> str:
-    """Format a byte count with the largest IEC unit that divides it (``4 MiB``, ``1000 B``)."""
-    for unit, scale in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale} {unit}"
-    return f"{nbytes} B"
 
 
 def _available_memory() -> int | None:
@@ -541,7 +534,7 @@ must be multiples of this many bytes (the head dimension makes up the rest)."""
 
 
 def _v1_pool(page_size: int, pages: int, layout: str) -> Any:
-    from .hostpool import MHAHostPool
+    from hicache_storage.hostpool import MHAHostPool
 
     if page_size % _V1_UNIT:
         raise ConfigError(

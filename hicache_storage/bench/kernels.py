@@ -1,8 +1,8 @@
 """Benchmark the transfer kernel against copy-engine yardsticks on one GPU.
 
-``python -m hicache_storage.kernels.bench`` times, for each model shape, page size, page count,
-host layout, direction and mode (one launch per layer, or all layers in one launch), the kernel
-under SM budgets of 4, 8 and unlimited, beside three yardsticks measured in the same run:
+``hicache kernels bench`` (or ``python -m hicache_storage.bench.kernels``) times, for each
+model shape, page size, page count, host layout, direction and mode (one launch per layer, or
+all layers in one launch), the kernel under SM budgets of 4, 8 and unlimited, beside three yardsticks measured in the same run:
 
 * ``contig``: one contiguous pinned copy of the same byte count (per layer: one per layer), the
   ceiling the kernel is judged against;
@@ -520,7 +520,7 @@ def _row(case: Case) -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Parse the bench's command line (also how other tools build a :class:`Bench`)."""
     parser = argparse.ArgumentParser(
-        prog="python -m hicache_storage.kernels.bench", description=__doc__.split("\n")[0]
+        prog="hicache kernels bench", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
         "--shapes", default=",".join(SHAPES), help="comma list of " + ", ".join(SHAPES)
@@ -574,7 +574,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     props = torch.cuda.get_device_properties(0)
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python -m hicache_storage.kernels.bench " + " ".join(sys.argv[1:]),
+        "command": " ".join(["hicache kernels bench", *(sys.argv[1:] if argv is None else argv)]),
         "gpu": props.name,
         "sms": props.multi_processor_count,
         "torch": torch.__version__,

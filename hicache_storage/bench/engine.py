@@ -41,19 +41,17 @@ import torch
 
 from hicache_storage.backend import StorageBackend
 from hicache_storage.config import FaultConfig, FaultRule, LayerConfig
+from hicache_storage.engine.build import build_cache
+from hicache_storage.engine.cache import CacheConfig, TierCache
+from hicache_storage.engine.engine import Engine
+from hicache_storage.engine.model import DTYPES, LlamaModel, ModelConfig
+from hicache_storage.engine.policies import PrefetchPolicy, WritePolicy
+from hicache_storage.engine.scheduler import Request
+from hicache_storage.engine.workloads import Conversation, DocumentQueries, MultiTurn, Turn
 from hicache_storage.errors import ConfigError, MissingDependencyError, UnsupportedOperationError
 from hicache_storage.factory import create_backend
-from hicache_storage.hostpool import MHAHostPool
-from hicache_storage.kernels import DevicePool
-from hicache_storage.options import positive_int
+from hicache_storage.kit.options import positive_int
 from hicache_storage.redact import redact_options
-
-from .cache import CacheConfig, TierCache
-from .engine import Engine
-from .model import DTYPES, LlamaModel, ModelConfig
-from .policies import PrefetchPolicy, WritePolicy
-from .scheduler import Request
-from .workloads import Conversation, DocumentQueries, MultiTurn, Turn
 
 __all__ = [
     "PARTS",
@@ -750,31 +748,22 @@ def _check_fits(config: BenchConfig, turns: Sequence[Turn]) -> None:
 
 
 def _build_cache(config: BenchConfig, name: str, backend: StorageBackend | None) -> TierCache:
-    shape = config.model_config()
-    device = torch.device(config.device)
-    pool = DevicePool.mha(
-        config.device_tokens, shape.layers, shape.kv_heads, shape.head_dim, shape.dtype, device
-    )
-    host = None
-    if name in ("L1+L2", "L1+L2+L3"):
-        host = MHAHostPool(
-            config.host_tokens,
-            config.page_size,
-            shape.layers,
-            shape.kv_heads,
-            shape.head_dim,
-            shape.dtype,
-            config.host_layout,
-            device.type == "cuda",
-            shared=backend is not None and backend.capabilities.shared_host_pool,
-        )
     cache_config = CacheConfig(
         config.page_size,
         prefix_cache=name != "no-cache",
         write_policy=WritePolicy(config.write_policy),
         prefetch_policy=PrefetchPolicy(config.prefetch_policy),
     )
-    return TierCache(pool, host, backend, cache_config)
+    return build_cache(
+        config.model_config(),
+        cache_config,
+        device_tokens=config.device_tokens,
+        host_tokens=config.host_tokens if name in ("L1+L2", "L1+L2+L3") else None,
+        backend=backend,
+        device=config.device,
+        host_layout=config.host_layout,
+        shared_host=backend is not None and backend.capabilities.shared_host_pool,
+    )
 
 
 def _serve(
