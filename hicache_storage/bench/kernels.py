@@ -2,7 +2,8 @@
 
 ``hicache kernels bench`` (or ``python -m hicache_storage.bench.kernels``) times, for each
 model shape, page size, page count, host layout, direction and mode (one launch per layer, or
-all layers in one launch), the kernel under SM budgets of 4, 8 and unlimited, beside three yardsticks measured in the same run:
+all layers in one launch), the kernel under SM budgets of 4, 8 and unlimited, beside three
+yardsticks measured in the same run:
 
 * ``contig``: one contiguous pinned copy of the same byte count (per layer: one per layer), the
   ceiling the kernel is judged against;
