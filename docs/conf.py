@@ -104,6 +104,7 @@ nitpicky = True
 # still an error.
 _FOREIGN_MODULES = (
     "abc",
+    "argparse",
     "asyncio",
     "collections",
     "concurrent",

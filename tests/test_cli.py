@@ -138,3 +138,18 @@ def test_bench_refuses_a_run_that_cannot_fit_in_memory(size: str) -> None:
     assert isinstance(result.exception, SystemExit), result.exception
     assert "Traceback" not in result.output
     assert "memory" in result.output and "--page-size" in result.output
+
+
+def test_kernels_bench_is_a_hicache_command() -> None:
+    """``hicache kernels bench`` takes the kernel benchmark's options and refuses a CPU clearly."""
+    import torch
+
+    usage = invoke("kernels", "bench", "--help")
+    assert usage.exit_code == 0 and "usage: hicache kernels bench" in usage.output
+    assert "--page-sizes" in usage.output and "--json" in usage.output
+    wrong = invoke("kernels", "bench", "--no-such-option")
+    assert wrong.exit_code == 2 and "unrecognized arguments: --no-such-option" in wrong.output
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU; the benchmark itself is run by hand")
+    refused = invoke("kernels", "bench", "--quick")
+    assert refused.exit_code == 2 and "needs a CUDA GPU" in refused.output

@@ -37,7 +37,7 @@ from hicache_storage.hostpool import Layout, MHAHostPool, MLAHostPool
 from hicache_storage.kernels.dispatch import KVTransfer
 from hicache_storage.kernels.pools import DevicePool, HostView
 
-__all__ = ["SHAPES", "Bench", "Shape", "main", "parse_args", "two_streams"]
+__all__ = ["SHAPES", "Bench", "Case", "Shape", "main", "parse_args", "two_streams"]
 
 
 @dataclass(frozen=True)

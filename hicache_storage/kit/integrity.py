@@ -28,8 +28,11 @@ from typing_extensions import Buffer
 __all__ = ["MAGIC", "RECORD_BYTES", "check", "checksum", "key_digest", "record", "seal", "verify"]
 
 MAGIC = b"HCI1"
+"""The first bytes of every record (a file holding none is not ours)."""
+
 _RECORD = struct.Struct("<4sQIQQ")
 RECORD_BYTES = _RECORD.size
+"""Size of a record: 32 bytes."""
 
 
 def checksum(parts: Iterable[Buffer]) -> int:
