@@ -21,6 +21,7 @@ DEFINED_IN = {
     "RequestFailedError": "errors",
     "RequestTypeError": "errors",
     "StorageBugError": "errors",
+    "build_cache": "build",
 }
 
 
