@@ -38,6 +38,12 @@ REQUIRED_MODULES = {
     "hicache_storage.conformance.report",
     "hicache_storage.conformance.provision",
     "hicache_storage.kit",
+    "hicache_storage.kit.deadline",
+    "hicache_storage.kit.integrity",
+    "hicache_storage.kit.options",
+    "hicache_storage.bench",
+    "hicache_storage.bench.report",
+    "hicache_storage.engine.build",
 }
 
 
