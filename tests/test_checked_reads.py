@@ -1,4 +1,5 @@
-"""Checked page I/O (``kit.read_checked``, ``kit.write_checked``): moves that checksum as they go.
+"""Checked page I/O (``kit.read_checked``, ``kit.write_checked``, ``kit.read_files``,
+``kit.write_files``): moves that checksum as they go, one page or a batch of one-file pages.
 
 The native loop and the Python path (a read, then a checksum) must agree with each other and with
 the ``crc32c`` package on every split of a page into buffers, every chunk size, a value followed
@@ -7,6 +8,7 @@ by a record that is not checksummed, and a file shorter than the buffers.
 
 from __future__ import annotations
 
+import errno
 import os
 import platform
 from pathlib import Path
@@ -16,8 +18,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hicache_storage.kit import pageio
-from hicache_storage.kit.pageio import NATIVE_CHECKED_READS, read_checked, write_checked
+from hicache_storage.errors import BackendClosedError
+from hicache_storage.kit import IOWorkers, pageio
+from hicache_storage.kit.integrity import RECORD_BYTES, check
+from hicache_storage.kit.pageio import (
+    NATIVE_CHECKED_READS,
+    PRESENT,
+    PUBLISHED,
+    UNLINKED,
+    FileRead,
+    FileWrite,
+    read_checked,
+    read_files,
+    write_checked,
+    write_files,
+)
 
 X86 = platform.machine() in ("x86_64", "AMD64")
 
@@ -231,3 +246,114 @@ def test_native_write_refuses_bad_arguments(tmp_path: Path) -> None:
             _checkedio.write_checked(fd, [object()], 0, 8)  # type: ignore[list-item]
     finally:
         os.close(fd)
+
+
+# -- whole batches of one-file pages (read_files, write_files) ----------------------------------
+
+
+def _page(seed: int, sizes: tuple[int, ...]) -> list[memoryview]:
+    return [memoryview(bytearray(os.urandom(n) if seed >= 0 else bytes(n))) for n in sizes]
+
+
+@pytest.mark.parametrize("sizes", [(4096,), (1000, 1, 70_000), (300_000,)])
+def test_write_files_then_read_files_round_trip_with_records(
+    path_kind: str, tmp_path: Path, sizes: tuple[int, ...]
+) -> None:
+    keys = [f"k{i}" for i in range(9)]
+    pages = [_page(i, sizes) for i in range(9)]
+    paths = [str(tmp_path / key) for key in keys]
+    temps = [str(tmp_path / f".{key}.tmp") for key in keys]
+    with_workers = IOWorkers(4, "test-io")
+    written = write_files(paths, temps, pages, keys, with_workers)
+    assert written == [FileWrite(0, PUBLISHED)] * 9
+    assert sorted(os.listdir(tmp_path)) == sorted(keys)  # no temporary file is left
+    value = sum(sizes)
+    for key, page, path in zip(keys, pages, paths, strict=True):
+        raw = Path(path).read_bytes()
+        assert raw[:value] == b"".join(bytes(v) for v in page)
+        assert check(raw[value:], key, value, crc32c.crc32c(raw[:value])) is None
+    outs = [_page(-1, sizes) for _ in keys]
+    records = [bytearray(RECORD_BYTES) for _ in keys]
+    got = read_files(
+        paths,
+        [[*o, memoryview(r)] for o, r in zip(outs, records, strict=True)],
+        [value] * 9,
+        with_workers,
+    )
+    for key, page, out, rec, result in zip(keys, pages, outs, records, got, strict=True):
+        assert result.error == 0 and result.size == result.read == value + RECORD_BYTES
+        assert [bytes(v) for v in out] == [bytes(v) for v in page]  # in order, each its own
+        assert check(rec, key, value, result.crc) is None
+    with_workers.close()
+
+
+def test_read_files_reports_each_page_and_leaves_misfits_untouched(
+    path_kind: str, tmp_path: Path
+) -> None:
+    (tmp_path / "ok").write_bytes(b"a" * 64)
+    (tmp_path / "short").write_bytes(b"b" * 10)
+    paths = [str(tmp_path / name) for name in ("ok", "missing", "short", "ok/under-a-file", "ok")]
+    outs = [bytearray(b"\x00" * 64) for _ in paths]
+    got = read_files(paths, [[memoryview(o)] for o in outs], [64] * 5, IOWorkers(3, "t"))
+    assert got[0] == FileRead(0, 64, 64, crc32c.crc32c(b"a" * 64))
+    assert got[1].error == errno.ENOENT
+    assert got[2] == FileRead(0, 10, 0, got[2].crc)  # another size: not read
+    assert got[3].error == errno.ENOTDIR
+    assert got[4] == got[0]
+    assert outs[0] == outs[4] == b"a" * 64
+    assert outs[1] == outs[2] == outs[3] == b"\x00" * 64
+
+
+def test_write_files_first_value_wins_and_failures_stay_per_page(
+    path_kind: str, tmp_path: Path
+) -> None:
+    (tmp_path / "taken").write_bytes(b"first")
+    names = ("new", "taken", "nodir/x", "new2")
+    paths = [str(tmp_path / name) for name in names]
+    temps = [str(tmp_path / (name + ".tmp")) for name in names]
+    pages = [[memoryview(b"second")] for _ in names]
+    got = write_files(paths, temps, pages, None, IOWorkers(2, "t"))
+    assert got[0] == got[3] == FileWrite(0, PUBLISHED)
+    assert got[1] == FileWrite(0, PRESENT)
+    assert got[2].error == errno.ENOENT
+    assert (tmp_path / "taken").read_bytes() == b"first"
+    assert (tmp_path / "new").read_bytes() == b"second"  # no record without keys
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+
+
+def test_write_files_leaves_the_temp_file_where_links_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pageio, "_CHECKED", None)  # the only path whose link() can be refused
+
+    def refuse(src: str, dst: str) -> None:
+        raise OSError(errno.EPERM, "no hard links here")
+
+    monkeypatch.setattr(pageio.os, "link", refuse)
+    got = write_files(
+        [str(tmp_path / "k")],
+        [str(tmp_path / "k.tmp")],
+        [[memoryview(b"v")]],
+        None,
+        IOWorkers(1, "t"),
+    )
+    assert got == [FileWrite(0, UNLINKED)]
+    assert (tmp_path / "k.tmp").read_bytes() == b"v" and not (tmp_path / "k").exists()
+
+
+def test_batches_refuse_misaligned_arguments_and_a_closed_pool(tmp_path: Path) -> None:
+    workers = IOWorkers(2, "t")
+    workers.close()
+    with pytest.raises(BackendClosedError):
+        read_files(["a", "b"], [[memoryview(bytearray(1))]] * 2, [1, 1], workers)
+    if NATIVE_CHECKED_READS:
+        from hicache_storage.kit import _checkedio
+
+        with pytest.raises(ValueError, match="align"):
+            _checkedio.read_files([b"a"], [], [], 0, 1, 1)
+        with pytest.raises(TypeError, match="bytes"):
+            _checkedio.read_files(["a"], [[bytearray(1)]], [1], 0, 1, 1)
+        with pytest.raises(BufferError):  # read-only buffers cannot be read into
+            _checkedio.read_files([b"a"], [[b"x"]], [1], 0, 1, 1)
+        with pytest.raises(ValueError, match="digest"):
+            _checkedio.write_files([b"a"], [b"b"], [[b"x"]], [], False, 1, 1)

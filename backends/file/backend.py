@@ -42,6 +42,7 @@ Capacity
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -68,18 +69,25 @@ from hicache_storage.hostpool import HostKVPool
 from hicache_storage.keys.format import ObjectFormat
 from hicache_storage.keys.validation import validate_key
 from hicache_storage.kit import (
+    PUBLISHED,
+    UNLINKED,
     AtomicFiles,
     ErrorMap,
     FanoutPaths,
+    FileWrite,
     FormatManifest,
     IOWorkers,
     MediumFaults,
     closed_guard,
     flat,
+    fsync_dir,
     is_temp,
+    nbytes,
     read_checked,
+    read_files,
     read_into,
     write_checked,
+    write_files,
     write_from,
 )
 from hicache_storage.kit.integrity import RECORD_BYTES, check, record, verify
@@ -99,6 +107,7 @@ BASELINE_DIR = ".raw-baseline"
 
 _READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _MISSING = (FileNotFoundError, NotADirectoryError)
+_MISSING_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR})
 _META_LIMIT = 1 << 18
 """Most entries the metadata cache keeps; the oldest insertion is dropped beyond it."""
 SGLANG_SUFFIX = ".bin"
@@ -130,6 +139,11 @@ def _write_sealed(key: str, fd: int, views: Sequence[memoryview]) -> None:
     """Write ``views`` and then their integrity record, checksumming them as they are written."""
     size, crc = write_checked(fd, views)
     write_from(fd, [memoryview(record(key, size, crc))], size)
+
+
+def _oserror(code: int) -> OSError:
+    """Return the exception ``os`` would raise for ``code`` (``OSError`` picks the subclass)."""
+    return OSError(code, os.strerror(code))
 
 
 def _io_error(what: str, exc: OSError) -> HiCacheError:
@@ -346,25 +360,174 @@ class FileBackend(StorageBackend):
     ) -> list[bool]:
         """Read each key's object straight into its page of the host pool; return per-key hits.
 
-        An object whose size differs from a page is a miss and its page is left untouched.
+        The whole batch moves in one :func:`~hicache_storage.kit.read_files` call (up to
+        ``io_threads`` files at once, the GIL given up once for all of them). An object whose
+        size differs from a page is a miss and its page is left untouched; if a page's file
+        fails, the other pages are still read and the first failure is raised.
         """
-        pages = self.page_views(keys, host_indices)
-        return self._io.map(self._load_flat, list(zip(keys, pages, strict=True)))
+        pages = [[flat(view) for view in views] for views in self.page_views(keys, host_indices)]
+        hits = [False] * len(keys)
+        failures: dict[int, HiCacheError] = {}
+        todo: list[int] = []
+        for i, key in enumerate(keys):
+            try:
+                self.medium_faults.check("read")
+            except _MISSING:
+                self._forget_meta(key)
+            except OSError as exc:
+                failures[i] = _io_error(f"open {key!r}", exc)
+            else:
+                todo.append(i)
+        records = [bytearray(self._record) for _ in todo]
+        paths = [self._path(keys[i]) for i in todo]
+        buffers = [
+            [*pages[i], memoryview(rec)] if self._record else pages[i]
+            for i, rec in zip(todo, records, strict=True)
+        ]
+        results = read_files(
+            paths,
+            buffers,
+            [nbytes(pages[i]) for i in todo],
+            self._io,
+            flags=_READ_FLAGS,
+        )
+        for i, path, rec, result in zip(todo, paths, records, results, strict=True):
+            key, size = keys[i], nbytes(pages[i])
+            if result.error in _MISSING_ERRNOS:
+                self._forget_meta(key)
+            elif result.error:
+                failures[i] = _io_error(f"read {key!r}", _oserror(result.error))
+            elif result.size == size + self._record:
+                if result.read == result.size and (
+                    not self._record or self._counted(key, check(rec, key, size, result.crc))
+                ):
+                    self._hit(key, size)
+                    hits[i] = True
+                else:
+                    self._drop(key, path, None)
+        if failures:
+            raise failures[min(failures)]
+        return hits
 
     def batch_set_v1(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
-        """Write each key's page of the host pool as one object, gathering its buffers."""
-        pages = self.page_views(keys, host_indices)
-        return self._io.map(self._store_flat, list(zip(keys, pages, strict=True)))
+        """Write each key's page of the host pool as one object, gathering its buffers.
 
-    def _load_flat(self, page: tuple[str, list[memoryview]]) -> bool:
-        key, views = page
-        return self._load_page(key, [flat(view) for view in views])
+        The pages not yet stored move in one :func:`~hicache_storage.kit.write_files` call
+        (each to a temporary file linked to its key, so the first complete value wins); if a
+        page fails, the others are still written and the first failure is raised.
+        """
+        pages = [[flat(view) for view in views] for views in self.page_views(keys, host_indices)]
+        done = [False] * len(keys)
+        failures: dict[int, HiCacheError] = {}
+        todo: list[int] = []
+        for i, key in enumerate(keys):
+            try:
+                if self._cached(key) or self._stat(key):
+                    done[i] = True
+                    continue
+                self.medium_faults.check("write")
+                self._files.ensure_dir(os.path.dirname(self._path(key)))
+            except HiCacheError as exc:
+                failures[i] = exc
+                continue
+            except OSError as exc:
+                failures[i] = _io_error(f"write {key!r}", exc)
+                continue
+            if self._owns(key) and not self._capacity.reserve(nbytes(pages[i]), key):
+                # The batch's own reservations may be what fills the bound: write them, so
+                # their pages can be evicted for this one, as one page at a time would.
+                if not todo:
+                    continue
+                self._write_pages(keys, pages, todo, done, failures)
+                todo = []
+                if not self._capacity.reserve(nbytes(pages[i]), key):
+                    continue
+            todo.append(i)
+        self._write_pages(keys, pages, todo, done, failures)
+        if failures:
+            raise failures[min(failures)]
+        return done
 
-    def _store_flat(self, page: tuple[str, list[memoryview]]) -> bool:
-        key, views = page
-        return self._store(key, [flat(view) for view in views])
+    def _write_pages(
+        self,
+        keys: Sequence[str],
+        pages: list[list[memoryview]],
+        todo: list[int],
+        done: list[bool],
+        failures: dict[int, HiCacheError],
+    ) -> None:
+        """Write the reserved pages ``todo`` in one batch; mark each done or record its failure."""
+        if not todo:
+            return
+        paths = [self._path(keys[i]) for i in todo]
+        temps = [self._paths.temp_path(keys[i]) for i in todo]
+        try:
+            results = write_files(
+                paths,
+                temps,
+                [pages[i] for i in todo],
+                [keys[i] for i in todo] if self._record else None,
+                self._io,
+                fsync=self._files.fsync,
+            )
+        except BaseException:
+            for i in todo:
+                self._settle(keys[i], nbytes(pages[i]), False)
+            raise
+        for i, path, temp, result in zip(todo, paths, temps, results, strict=True):
+            key, size = keys[i], nbytes(pages[i])
+            try:
+                published = self._published(key, path, temp, pages[i], result)
+            except HiCacheError as exc:
+                failures[i] = exc
+                self._settle(key, size, False)
+                continue
+            except OSError as exc:
+                failures[i] = _io_error(f"write {key!r}", exc)
+                self._settle(key, size, False)
+                continue
+            self._settle(key, size, published)
+            done[i] = True
+
+    def _published(
+        self, key: str, path: str, temp: str, views: list[memoryview], result: FileWrite
+    ) -> bool:
+        """Finish one page of :meth:`batch_set_v1`; return whether this call published it.
+
+        Raises
+        ------
+        OSError
+            The page's write failed (its errno), or publishing by ``rename`` failed.
+        HiCacheError
+            The page's second try, after its directory was removed behind the cache, failed.
+        """
+        if result.error == errno.ENOENT:  # a directory removed behind the cache: once more
+            self._files.forget_dirs()
+            return self._write(key, path, views)
+        if result.error:
+            raise _oserror(result.error)
+        if result.outcome == UNLINKED:
+            try:
+                published = self._files.publish(temp, path)
+            finally:
+                self._files.discard(temp)
+        else:
+            published = result.outcome == PUBLISHED
+        if published and self._files.fsync:
+            fsync_dir(os.path.dirname(path))
+        return published
+
+    def _settle(self, key: str, size: int, published: bool) -> None:
+        """Commit or give back a page's reservation; remember a key that is now stored."""
+        owned = self._owns(key)
+        if published:
+            if owned:
+                self._capacity.commit(key, size)
+            self._remember(key, size)
+        elif owned:
+            self._capacity.abort(size, key)
 
     # -- housekeeping ---------------------------------------------------------------------------
 
@@ -474,26 +637,6 @@ class FileBackend(StorageBackend):
             return None
         except OSError as exc:
             raise _io_error(f"open {key!r}", exc) from exc
-
-    def _load_page(self, key: str, views: list[memoryview]) -> bool:
-        path = self._path(key)
-        fd = self._open(path, key)
-        if fd is None:
-            return False
-        try:
-            stored = os.fstat(fd).st_size
-            if stored - self._record != sum(view.nbytes for view in views):
-                return False
-            complete = self._read_verified(fd, key, views, stored)
-        except OSError as exc:
-            raise _io_error(f"read {key!r}", exc) from exc
-        finally:
-            os.close(fd)
-        if not complete:
-            self._drop(key, path, None)
-            return False
-        self._hit(key, stored - self._record)
-        return True
 
     def _read_verified(self, fd: int, key: str, views: list[memoryview], stored: int) -> bool:
         """Read the value into ``views`` (and the record beside it); return whether it is whole.

@@ -5,8 +5,9 @@ Everything here is public API, used by the built-in backends and the same for th
 * :mod:`~hicache_storage.kit.errors`: :class:`ErrorMap` turns a client's exceptions into the
   contract's typed errors (:func:`is_missing` tells a miss from a failure);
 * :mod:`~hicache_storage.kit.pageio`: vectored page I/O over file descriptors and streams,
-  handling short transfers and ``IOV_MAX``, and reads and writes checksummed as they move
-  (:func:`read_checked`, :func:`write_checked`);
+  handling short transfers and ``IOV_MAX``, reads and writes checksummed as they move
+  (:func:`read_checked`, :func:`write_checked`), and whole batches of one-file pages moved
+  without holding the GIL (:func:`read_files`, :func:`write_files`);
 * :mod:`~hicache_storage.kit.files`: the fan-out path scheme (:class:`FanoutPaths`) and the
   temp-file-then-link writer (:class:`AtomicFiles`) of one-file-per-key backends;
 * :mod:`~hicache_storage.kit.formats`: :class:`FormatManifest`, the per-directory record of
@@ -102,13 +103,20 @@ if TYPE_CHECKING:
         CHECK_CHUNK_BYTES,
         IOV_MAX,
         NATIVE_CHECKED_READS,
+        PRESENT,
+        PUBLISHED,
+        UNLINKED,
+        FileRead,
+        FileWrite,
         flat,
         nbytes,
         read_checked,
         read_exact,
+        read_files,
         read_into,
         readinto_views,
         write_checked,
+        write_files,
         write_from,
         write_views,
     )
@@ -164,6 +172,13 @@ _EXPORTS = {
     "flat": ".pageio",
     "nbytes": ".pageio",
     "read_checked": ".pageio",
+    "read_files": ".pageio",
+    "write_files": ".pageio",
+    "FileRead": ".pageio",
+    "FileWrite": ".pageio",
+    "PRESENT": ".pageio",
+    "PUBLISHED": ".pageio",
+    "UNLINKED": ".pageio",
     "read_exact": ".pageio",
     "read_into": ".pageio",
     "readinto_views": ".pageio",
@@ -204,6 +219,8 @@ __all__ = [
     "ErrorMap",
     "FAULT_KINDS",
     "FanoutPaths",
+    "FileRead",
+    "FileWrite",
     "FormatManifest",
     "GUARDED",
     "IOV_MAX",
@@ -217,6 +234,8 @@ __all__ = [
     "NATIVE_CHECKED_READS",
     "OPS",
     "POSIX_ERRORS",
+    "PRESENT",
+    "PUBLISHED",
     "PageBaseline",
     "PausableServerControl",
     "ProcessSpec",
@@ -225,6 +244,7 @@ __all__ = [
     "ServerControl",
     "ServiceState",
     "TEMP_MARK",
+    "UNLINKED",
     "V1_CALLS",
     "Verdict",
     "bounded",
@@ -249,11 +269,13 @@ __all__ = [
     "published_services",
     "read_checked",
     "read_exact",
+    "read_files",
     "read_into",
     "readinto_views",
     "temp_name",
     "wait_port",
     "write_checked",
+    "write_files",
     "write_from",
     "write_views",
 ]

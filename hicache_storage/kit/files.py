@@ -15,13 +15,13 @@ publish with ``rename`` when the key is absent.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import os
 import re
 import secrets
 from collections.abc import Callable, Sequence
 
+from hicache_storage.kit.pageio import NO_LINK_ERRORS, WRITE_FLAGS
 from hicache_storage.kit.vectored import write_from
 
 __all__ = ["TEMP_MARK", "AtomicFiles", "FanoutPaths", "fsync_dir", "is_temp", "temp_name"]
@@ -30,20 +30,7 @@ TEMP_MARK = ".tmp."
 """What every temporary file name contains (after a leading dot)."""
 
 _FANOUT_DIR = re.compile(r"[0-9a-f]{2}")
-_WRITE_FLAGS = os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
-# Errors of link() that mean "this filesystem cannot hard-link", not "this write failed".
-_NO_LINK = frozenset(
-    code
-    for code in (
-        errno.EPERM,
-        getattr(errno, "ENOTSUP", None),
-        getattr(errno, "EOPNOTSUPP", None),
-        errno.EXDEV,
-        getattr(errno, "ENOSYS", None),
-    )
-    if code is not None
-)
 
 
 def temp_name(key: str) -> str:
@@ -137,11 +124,11 @@ class AtomicFiles:
         directory = os.path.dirname(path)
         self.ensure_dir(directory)
         try:
-            fd = os.open(temp, _WRITE_FLAGS, 0o644)
+            fd = os.open(temp, WRITE_FLAGS, 0o644)
         except FileNotFoundError:  # the directory was removed behind our cache
             self._dirs.discard(directory)
             self.ensure_dir(directory)
-            fd = os.open(temp, _WRITE_FLAGS, 0o644)
+            fd = os.open(temp, WRITE_FLAGS, 0o644)
         try:
             try:
                 writer(fd, views)
@@ -189,7 +176,7 @@ class AtomicFiles:
         except FileExistsError:
             return False
         except OSError as exc:
-            if exc.errno not in _NO_LINK:
+            if exc.errno not in NO_LINK_ERRORS:
                 raise
         else:
             return True

@@ -7,29 +7,48 @@ transfers; :func:`readinto_views` and :func:`write_views` do the same over any b
 (an ``open()`` file, an fsspec file, a socket file) through ``readinto``/``write``.
 :func:`read_checked` and :func:`write_checked` move a page and CRC32C it in one pass, for a
 backend that keeps an integrity record beside each value.
+
+:func:`read_files` and :func:`write_files` move a whole batch of pages, one file each. Where the
+native helper is built, the batch runs on threads of its own and the caller gives up the GIL once
+for all of it: a batch moved page by page from Python threads takes the GIL back after every
+``open``, read and ``close``, each time from the thread that launches a model's kernels, and on
+the GPU host a forward beside such a batch ran 16 times slower (``docs/performance.md``).
+Elsewhere the same steps run page by page on an :class:`~hicache_storage.kit.IOWorkers`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
-from hicache_storage.kit.integrity import checksum
+from hicache_storage.kit.integrity import checksum, key_digest, record
+from hicache_storage.kit.parallel import IOWorkers
 from hicache_storage.kit.vectored import IOV_MAX, flat, read_into, write_from
 
 __all__ = [
     "CHECK_CHUNK_BYTES",
     "IOV_MAX",
     "NATIVE_CHECKED_READS",
+    "NO_LINK_ERRORS",
+    "PUBLISHED",
+    "PRESENT",
+    "UNLINKED",
+    "WRITE_FLAGS",
+    "FileRead",
+    "FileWrite",
     "flat",
     "nbytes",
     "read_checked",
     "read_exact",
+    "read_files",
     "read_into",
     "readinto_views",
     "write_checked",
+    "write_files",
     "write_from",
     "write_views",
 ]
@@ -109,6 +128,190 @@ def write_checked(
     crc = checksum(views)
     write_from(fd, views, offset)
     return nbytes(views), crc
+
+
+class FileRead(NamedTuple):
+    """What :func:`read_files` did with one page's file."""
+
+    error: int
+    """0, or the errno of the failed ``open``, ``fstat`` or read (the page may be part-filled)."""
+    size: int
+    """The file's size in bytes (0 if it could not be opened)."""
+    read: int
+    """Bytes read: 0 when the file's size is not the page's (the page is left untouched)."""
+    crc: int
+    """CRC32C of the first ``checked`` bytes read."""
+
+
+PRESENT = 0
+"""A :class:`FileWrite` outcome: the path already held a value (the first complete one wins)."""
+PUBLISHED = 1
+"""A :class:`FileWrite` outcome: this call published the value."""
+UNLINKED = 2
+"""A :class:`FileWrite` outcome: written, but the filesystem cannot hard-link; the temporary
+file is left for the caller to publish (with ``rename`` where the path is absent)."""
+
+
+class FileWrite(NamedTuple):
+    """What :func:`write_files` did with one page."""
+
+    error: int
+    """0, or the errno of the failed step (the temporary file is removed)."""
+    outcome: int
+    """:data:`PUBLISHED`, :data:`PRESENT` or :data:`UNLINKED` (meaningful when ``error`` is 0)."""
+
+
+def read_files(
+    paths: Sequence[str],
+    pages: Sequence[Sequence[memoryview]],
+    checked: Sequence[int],
+    workers: IOWorkers,
+    *,
+    flags: int = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0),
+    chunk_bytes: int = CHECK_CHUNK_BYTES,
+) -> list[FileRead]:
+    """Fill each page's buffers from its own file; return what happened to each, in order.
+
+    A file is read only when its size is the sum of its page's buffers (give a value's record
+    buffer as the page's last); the CRC32C covers its first ``checked[i]`` bytes. Up to
+    ``workers.threads`` pages are in flight; failures are reported per page, never raised.
+
+    Raises
+    ------
+    BackendClosedError
+        If ``workers`` is closed.
+    """
+    if _CHECKED is not None and len(paths) > 1:
+        workers.check_open()
+        raw = _CHECKED.read_files(
+            [os.fsencode(path) for path in paths],
+            pages,
+            checked,
+            flags,
+            chunk_bytes,
+            workers.threads,
+        )
+        return [FileRead(*row) for row in raw]
+
+    def one(i: int) -> FileRead:
+        return _read_file(paths[i], pages[i], checked[i], flags, chunk_bytes)
+
+    return workers.map(one, range(len(paths)))
+
+
+def _read_file(
+    path: str, views: Sequence[memoryview], checked: int, flags: int, chunk_bytes: int
+) -> FileRead:
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        return FileRead(exc.errno or errno.EIO, 0, 0, 0)
+    try:
+        size = os.fstat(fd).st_size
+        if size != nbytes(views):
+            return FileRead(0, size, 0, 0)
+        total, crc = read_checked(fd, views, checked, chunk_bytes=chunk_bytes)
+        return FileRead(0, size, total, crc)
+    except OSError as exc:
+        return FileRead(exc.errno or errno.EIO, 0, 0, 0)
+    finally:
+        os.close(fd)
+
+
+def write_files(
+    paths: Sequence[str],
+    temps: Sequence[str],
+    pages: Sequence[Sequence[memoryview]],
+    keys: Sequence[str] | None,
+    workers: IOWorkers,
+    *,
+    fsync: bool = False,
+    chunk_bytes: int = CHECK_CHUNK_BYTES,
+) -> list[FileWrite]:
+    """Write each page to a new file ``temps[i]`` and publish it as ``paths[i]``; report each.
+
+    With ``keys`` every file ends with its key's integrity record
+    (:func:`~hicache_storage.kit.integrity.record`), its CRC32C computed while the page is
+    written.
+    ``link(temp, path)`` publishes, so the first complete value wins and a reader never sees a
+    partial one; the temporary file is removed unless the filesystem cannot hard-link
+    (:data:`UNLINKED`). Directories must exist. Failures are reported per page, never raised.
+
+    Raises
+    ------
+    BackendClosedError
+        If ``workers`` is closed.
+    """
+    if _CHECKED is not None and len(paths) > 1:
+        workers.check_open()
+        raw = _CHECKED.write_files(
+            [os.fsencode(path) for path in paths],
+            [os.fsencode(temp) for temp in temps],
+            pages,
+            None if keys is None else [key_digest(key) for key in keys],
+            fsync,
+            chunk_bytes,
+            workers.threads,
+        )
+        return [FileWrite(*row) for row in raw]
+
+    def one(i: int) -> FileWrite:
+        key = None if keys is None else keys[i]
+        return _write_file(paths[i], temps[i], pages[i], key, fsync, chunk_bytes)
+
+    return workers.map(one, range(len(paths)))
+
+
+NO_LINK_ERRORS = frozenset(
+    code
+    for code in (
+        errno.EPERM,
+        getattr(errno, "ENOTSUP", None),
+        getattr(errno, "EOPNOTSUPP", None),
+        errno.EXDEV,
+        getattr(errno, "ENOSYS", None),
+    )
+    if code is not None
+)
+"""Errors of ``link()`` that mean "this filesystem cannot hard-link", not "this write failed"."""
+
+WRITE_FLAGS = os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
+"""How a temporary file is created: a fresh file, never one that exists."""
+
+
+def _write_file(
+    path: str,
+    temp: str,
+    views: Sequence[memoryview],
+    key: str | None,
+    fsync: bool,
+    chunk_bytes: int,
+) -> FileWrite:
+    try:
+        fd = os.open(temp, WRITE_FLAGS, 0o644)
+    except OSError as exc:
+        return FileWrite(exc.errno or errno.EIO, PRESENT)
+    try:
+        try:
+            size, crc = write_checked(fd, views, chunk_bytes=chunk_bytes)
+            if key is not None:
+                write_from(fd, [memoryview(record(key, size, crc))], size)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.link(temp, path)
+    except FileExistsError:
+        outcome = FileWrite(0, PRESENT)
+    except OSError as exc:
+        if exc.errno in NO_LINK_ERRORS:
+            return FileWrite(0, UNLINKED)
+        outcome = FileWrite(exc.errno or errno.EIO, PRESENT)
+    else:
+        outcome = FileWrite(0, PUBLISHED)
+    with contextlib.suppress(OSError):
+        os.unlink(temp)
+    return outcome
 
 
 def _prefix(views: Sequence[memoryview], size: int) -> list[memoryview]:

@@ -59,7 +59,7 @@ class IOWorkers:
             After :meth:`close`.
         """
         if len(items) <= 1 or self.threads == 1:
-            self._check_open()
+            self.check_open()
             return [fn(item) for item in items]
         futures = [self._executor().submit(fn, item) for item in items]
         concurrent.futures.wait(futures)
@@ -78,13 +78,14 @@ class IOWorkers:
         """Whether the thread pool exists (it starts on the first batch of two or more pages)."""
         return self._pool is not None
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """Raise :class:`BackendClosedError` after :meth:`close`."""
         if self._closed:
             raise BackendClosedError(f"the I/O threads of {self.name} are stopped")
 
     def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
-            self._check_open()
+            self.check_open()
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(
                     self.threads, thread_name_prefix=self.name

@@ -1,0 +1,134 @@
+"""What storage threads cost a forward that runs beside them: the GIL, measured.
+
+A forward of the engine's model launches a few thousand kernels from one Python thread and hands
+the GIL over at each. A storage thread that wants the GIL back often (after every ``open``, read
+and ``close`` of a page) takes it each time, and the forward waits. This times one forward (64
+new tokens over an 8,256-token context, the overflow workload's later queries) alone, beside
+loops of the file backend's ``batch_get_v1`` of 128 pages of 8 MiB (1 GiB) from the page cache
+and of its ``batch_set_v1`` of 2 pages (the engine's write-through), each with the native batch
+(``kit.read_files``/``kit.write_files``: the GIL given up once a batch) and page by page on the
+backend's I/O threads (the Python path), and beside a thread that only runs Python. Prints
+the median forward time (and the time the CPU took to launch it) for each.
+
+    python scripts/probe_gil_tax.py [--device cuda] [--model 8b|tiny]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+from hicache_storage import create_backend
+from hicache_storage.engine import LlamaModel, ModelConfig
+from hicache_storage.engine.model import Segment, next_token
+from hicache_storage.hostpool import MHAHostPool
+from hicache_storage.kernels import DevicePool
+from hicache_storage.kit import pageio
+
+PAGES = 128
+
+
+def main() -> None:
+    """Time the forward alone and beside each kind of storage thread; print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--model", choices=("8b", "tiny"), default="8b")
+    parser.add_argument("--repeat", type=int, default=8)
+    args = parser.parse_args()
+    sys.setswitchinterval(0.0005)  # the engine's interval while its storage threads run
+    config = ModelConfig.llama3_8b() if args.model == "8b" else ModelConfig.tiny()
+    device = torch.device(args.device)
+    model = LlamaModel(config, device)
+    pool = DevicePool.mha(
+        36864, config.layers, config.kv_heads, config.head_dim, config.dtype, device
+    )
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def forward_s() -> tuple[float, float]:
+        tokens = torch.randint(0, config.vocab_size, (64,), device=device)
+        segment = Segment(tokens, torch.arange(0, 8256, device=device))
+        times, launches = [], []
+        for _ in range(args.repeat + 2):
+            sync()
+            began = time.perf_counter()
+            logits = model.forward([segment], pool)
+            launches.append(time.perf_counter() - began)
+            next_token(logits[0])
+            sync()
+            times.append(time.perf_counter() - began)
+        return statistics.median(times[2:]), statistics.median(launches[2:])
+
+    root = tempfile.mkdtemp(prefix="probe-gil-")
+    backend = create_backend("file", {"root": root})
+    host = MHAHostPool(
+        (PAGES + 4) * 64,
+        64,
+        config.layers,
+        config.kv_heads,
+        config.head_dim,
+        config.dtype,
+        "page_first",
+        device.type == "cuda",
+    )
+    backend.register_host_pool(host)
+    keys = [f"page{i}" for i in range(PAGES)]
+    slots = torch.arange(0, PAGES * 64)
+    backend.batch_set_v1(keys, slots)
+    written = [f"new{i}" for i in range(2)]
+
+    def get() -> None:
+        backend.batch_get_v1(keys, slots)
+
+    def put() -> None:
+        for key in written:
+            backend.delete(key)
+        backend.batch_set_v1(written, torch.arange(PAGES * 64, (PAGES + 2) * 64))
+
+    def python_only() -> None:
+        sum(range(20_000))
+
+    def beside(loops: list[Callable[[], None]]) -> tuple[float, float]:
+        stop = threading.Event()
+
+        def run(fn: Callable[[], None]) -> None:
+            while not stop.is_set():
+                fn()
+
+        threads = [threading.Thread(target=run, args=(fn,), daemon=True) for fn in loops]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.2)
+        try:
+            return forward_s()
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+
+    rows = [("alone", forward_s())]
+    native = pageio._CHECKED
+    for label, helper in (("native batch", native), ("page by page", None)):
+        pageio._CHECKED = helper
+        rows.append((f"beside 1 get loop, {label}", beside([get])))
+        rows.append((f"beside 4 get loops, {label}", beside([get] * 4)))
+        rows.append((f"beside 2 set loops, {label}", beside([put] * 2)))
+    pageio._CHECKED = native
+    rows.append(("beside 1 pure-Python thread", beside([python_only])))
+    alone = rows[0][1][0]
+    print(f"{'forward of 64 tokens over 8,256':40s} {'ms':>8s} {'launch ms':>10s} {'x alone':>8s}")
+    for name, (total, launch) in rows:
+        print(f"{name:40s} {total * 1e3:8.1f} {launch * 1e3:10.1f} {total / alone:8.2f}")
+
+
+if __name__ == "__main__":
+    main()
