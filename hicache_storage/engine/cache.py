@@ -505,13 +505,30 @@ class TierCache:
         quick = query_s is not None and query_s <= max(_INLINE_QUERY_S, 0.02 * forward_s)
         self.io.prefetch(fetch, inline=quick)
 
-    def _assign_slots(self) -> None:
+    def start_reads(self) -> None:
+        """Start the reads of fetches whose query answered, between two layers of a forward.
+
+        A forward of a long prefill takes hundreds of milliseconds; a request that arrives
+        meanwhile would otherwise have its reads started only at the next step, and its pages
+        would arrive a forward late. The scheduler calls this from the forward's layer hook (its
+        own thread, which owns the tree and the allocators). Only what touches no KV being
+        computed is done here: host slots come from free slots or stored host leaves, and a
+        fetch whose matched prefix is not on the host yet waits for the step.
+        """
+        if self.io is not None and any(
+            fetch.state is PrefetchState.QUERIED for fetch, _ in self._fetching
+        ):
+            self._assign_slots(between_layers=True)
+
+    def _assign_slots(self, *, between_layers: bool = False) -> None:
         """Give host slots to the prefetches whose existence query answered, within the cap.
 
         Slots are taken only for the pages storage holds, so a prefetch that finds nothing
         never evicts a host page; the request's matched prefix is put on the host and pinned
         then (the fetched pages hang below it). Under ``adaptive`` a fetch whose reads would
         take longer than recomputing its pages (reads queued ahead included) reads nothing.
+        ``between_layers`` (:meth:`start_reads`) leaves for the next step a fetch that would
+        need a copy to the host or a write to make room.
         """
         page = self.config.page_size
         waiting: list[tuple[Prefetch, Lookup]] = []
@@ -524,6 +541,11 @@ class TierCache:
                 continue
             room = (self._prefetch_capacity - self._prefetch_held) // page
             pages = min(fetch.hit_pages or 0, room)
+            if between_layers and not (
+                lookup.pinned or lookup.anchor.is_root or Tier.HOST in lookup.anchor.tiers
+            ):
+                waiting.append((fetch, lookup))
+                continue
             if (
                 pages < self.config.prefetch_threshold
                 or (
@@ -540,7 +562,10 @@ class TierCache:
             ):
                 fetch.cancel()
                 continue
-            host = self._alloc_host(pages * page)
+            host = self._alloc_host(pages * page, stored_only=between_layers)
+            if host is None and between_layers:
+                waiting.append((fetch, lookup))  # the anchor stays pinned for the step
+                continue
             if host is None:
                 fetch.cancel()
             elif fetch.assign(host):
@@ -840,13 +865,19 @@ class TierCache:
             if n.device_indices is not None and n.lock_ref == 0
         )
 
-    def _alloc_host(self, count: int) -> torch.Tensor | None:
-        """Allocate host slots, evicting host leaves to storage (written first when unstored)."""
+    def _alloc_host(self, count: int, *, stored_only: bool = False) -> torch.Tensor | None:
+        """Allocate host slots, evicting host leaves to storage (written first when unstored).
+
+        With ``stored_only``, only leaves already in storage are evicted (nothing is written or
+        waited for); None if that does not make room.
+        """
         pool = self.host_pool
         if pool is None:
             return None
         while pool.allocator.available_size() < count:
             victim = next(self.tree.evictable(Tier.HOST), None)
+            if stored_only and (victim is None or not (victim.stored or self.io is None)):
+                return None
             if victim is None:
                 if not self._writing or self.io is None:
                     return None

@@ -9,7 +9,8 @@ Each :meth:`Scheduler.step` is one forward of the model:
 3. build one batch: a decode token for every generating request, then prompt chunks of the
    prefilling ones up to ``chunk_tokens`` (a long prompt takes several steps and never holds up
    decoding);
-4. run the forward with the admitted requests' L2→L1 loads overlapped layer by layer;
+4. run the forward with the admitted requests' L2→L1 loads overlapped layer by layer, starting
+   between layers the reads of requests whose storage query answered meanwhile;
 5. record first tokens (TTFT) and outputs, and hand finished requests' KV back to the cache.
 
 The cache supplies every admitted request's prefix, so a request computes only its uncached
@@ -57,6 +58,9 @@ _BLOCK_SHARE = 0.1
 
 _IDLE_BLOCK_S = 0.005
 """How long the scheduler blocks for a prefetch when nothing runs, before it looks again."""
+
+_READS_EVERY_LAYERS = 4
+"""Layers between two looks, inside a forward, for fetches whose reads can start."""
 
 
 class RequestState(enum.Enum):
@@ -362,12 +366,20 @@ class Scheduler:
         batch = self._batch()
         load = self.cache.take_load()
         loaded, self._admitted = self._admitted, []
+        cache = self.cache
+
+        def layer_ready(layer: int) -> None:
+            if load is not None:
+                load.wait(layer)
+            if layer % _READS_EVERY_LAYERS == 0:  # reads of requests that came meanwhile
+                cache.start_reads()
+
         began = time.perf_counter()
         try:
             logits = self.model.forward(
                 [segment for _, segment, _ in batch],
                 self.cache.device_pool,
-                layer_ready=None if load is None else load.wait,
+                layer_ready=layer_ready,
             )
             tokens: list[int | None] = [next_token(row) for row in logits]
             measured = True

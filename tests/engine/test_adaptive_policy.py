@@ -28,6 +28,7 @@ from hicache_storage.engine.policies import (
 )
 from hicache_storage.engine.radix import Tier
 from hicache_storage.engine.scheduler import Request, RequestState, Scheduler
+from hicache_storage.engine.storage_io import PrefetchState
 from hicache_storage.errors import ConfigError
 from hicache_storage.layers import ForwardingBackend
 
@@ -244,8 +245,10 @@ class Gated(ForwardingBackend):
         self.read_gate.set()
         self.reading = threading.Event()
         self.reads = 0
+        self.query_delay_s = 0.0
 
     def batch_exists(self, keys: Sequence[str]) -> int:
+        time.sleep(self.query_delay_s)
         assert self.query_gate.wait(WAIT_S), "the test never opened the query gate"
         return self.inner.batch_exists(keys)
 
@@ -317,6 +320,59 @@ def test_a_fast_store_is_used(
     cache.close()
 
 
+def test_reads_start_inside_the_forward_that_runs_when_a_query_answers(
+    model: LlamaModel,
+    stored: tuple[StorageBackend, list[int], list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    memory, prompt, expected = stored
+    backend = Gated(memory)
+    cache = adaptive_cache(backend)
+    scheduler = Scheduler(model, cache)
+    cache.costs.observe_forward(1000, 1.0)  # computing priced at 1 ms a token: reading pays
+    running = scheduler.submit(Request([3 + i % 50 for i in range(300)], 2))
+    first = running.lookup
+    assert first is not None
+    deadline = time.monotonic() + WAIT_S
+    while first.fetch is not None and first.fetch.state is PrefetchState.QUERYING:
+        assert time.monotonic() < deadline, "the first request's query never answered"
+        time.sleep(0.005)
+    for _ in range(20):  # queries take 50 ms (asked on a query thread) and find what is asked
+        cache.costs.observe_query(0.05, asked=1, found=1)
+    backend.query_gate.clear()
+    waiting = scheduler.submit(Request(prompt, 4))  # its query is held while the step admits
+    fetch = waiting.lookup.fetch if waiting.lookup is not None else None
+    assert fetch is not None
+    real = model.forward
+    states: list[PrefetchState] = []
+
+    def forward(*args: object, **kwargs: object) -> list[torch.Tensor]:
+        if not states:  # the query answers after admission, while this forward runs
+            backend.query_gate.set()
+            until = time.monotonic() + WAIT_S
+            while fetch.state is PrefetchState.QUERYING:
+                assert time.monotonic() < until, "the held query never answered"
+                time.sleep(0.001)
+            states.append(fetch.state)
+        out = real(*args, **kwargs)  # type: ignore[arg-type]
+        states.append(fetch.state)
+        return out
+
+    monkeypatch.setattr(model, "forward", forward)
+    scheduler.step()
+    assert running.state is not RequestState.WAITING and waiting.state is RequestState.WAITING
+    assert states[0] is PrefetchState.QUERIED
+    assert states[1] in (PrefetchState.READING, PrefetchState.FINISHED), (
+        "the reads start between the forward's layers, not at the next step"
+    )
+    run(scheduler, waiting)
+    assert waiting.output == expected
+    assert waiting.storage_hit == (len(prompt) - 1) // PAGE * PAGE
+    run(scheduler, running)
+    scheduler.close()
+    cache.close()
+
+
 def test_a_slow_store_is_not_waited_for_and_its_cut_fetch_hands_back_its_slots(
     model: LlamaModel, stored: tuple[StorageBackend, list[int], list[int]]
 ) -> None:
@@ -357,7 +413,13 @@ def test_a_request_storage_cannot_serve_does_not_wait_for_the_query(
     backend = Gated(memory)
     cache = adaptive_cache(backend)
     scheduler = Scheduler(model, cache)
+    # Queries measured slow are asked on a query thread (a quick store's would be asked in the
+    # scheduler's own thread, which would then hold for the gate): what is tested here.
+    backend.query_delay_s = 0.1
     warm(scheduler)
+    query_s = cache.costs.query_s  # None when warm was served before its query was asked
+    assert query_s is None or query_s >= 0.05
+    backend.query_delay_s = 0.0
     backend.query_gate.clear()
     fresh = [2 + (i * 17) % (CONFIG.vocab_size - 2) for i in range(160)]
     request = scheduler.submit(Request(fresh, 3))
