@@ -1,5 +1,6 @@
 """Checked page I/O (``kit.read_checked``, ``kit.write_checked``, ``kit.read_files``,
-``kit.write_files``): moves that checksum as they go, one page or a batch of one-file pages.
+``kit.write_files``, ``kit.read_runs``): moves that checksum as they go, one page, a batch of
+one-file pages or a batch of values kept in ranges of large files.
 
 The native loop and the Python path (a read, then a checksum) must agree with each other and with
 the ``crc32c`` package on every split of a page into buffers, every chunk size, a value followed
@@ -28,8 +29,10 @@ from hicache_storage.kit.pageio import (
     UNLINKED,
     FileRead,
     FileWrite,
+    RunRead,
     read_checked,
     read_files,
+    read_runs,
     write_checked,
     write_files,
 )
@@ -357,3 +360,38 @@ def test_batches_refuse_misaligned_arguments_and_a_closed_pool(tmp_path: Path) -
             _checkedio.read_files([b"a"], [[b"x"]], [1], 0, 1, 1)
         with pytest.raises(ValueError, match="digest"):
             _checkedio.write_files([b"a"], [b"b"], [[b"x"]], [], False, 1, 1)
+
+
+def test_read_runs_fill_ranges_in_order_and_checksum_across_them(
+    path_kind: str, tmp_path: Path
+) -> None:
+    a, b = os.urandom(300_000), os.urandom(300_000)
+    (tmp_path / "a").write_bytes(a)
+    (tmp_path / "b").write_bytes(b)
+    fa = os.open(tmp_path / "a", os.O_RDONLY)
+    fb = os.open(tmp_path / "b", os.O_RDONLY)
+    try:
+        # run 0: 1,000 bytes of b at 5, then 70,000 of a at 100 (two buffers), then a 32-byte
+        # "record" of b at 200,000 that the checksum leaves out; run 1: one range past the end.
+        first = [bytearray(1000), bytearray(20_000), bytearray(50_000), bytearray(32)]
+        runs = [
+            [
+                (fb, 5, [memoryview(first[0])]),
+                (fa, 100, [memoryview(first[1]), memoryview(first[2])]),
+                (fb, 200_000, [memoryview(first[3])]),
+            ],
+            [(fa, 299_990, [memoryview(bytearray(20))])],
+            [(fb, 0, [memoryview(bytearray(8))])],
+        ]
+        got = read_runs(runs, [71_000, 20, 4], IOWorkers(3, "t"))
+        value = b[5:1005] + a[100:70_100]
+        assert bytes(first[0]) + bytes(first[1]) + bytes(first[2]) == value
+        assert bytes(first[3]) == b[200_000:200_032]
+        assert got[0] == RunRead(0, 71_032, crc32c.crc32c(value))
+        assert got[1] == RunRead(0, 10, crc32c.crc32c(a[299_990:]))  # the file ended first
+        assert got[2] == RunRead(0, 8, crc32c.crc32c(b[:4]))
+    finally:
+        os.close(fa)
+        os.close(fb)
+    closed = read_runs([[(fa, 0, [memoryview(bytearray(4))])]] * 2, [4, 4], IOWorkers(2, "t"))
+    assert [r.error for r in closed] == [errno.EBADF, errno.EBADF]

@@ -59,7 +59,7 @@ from hicache_storage.errors import (
     ConfigError,
 )
 from hicache_storage.kit import POSIX_ERRORS, ErrorMap, MediumFaults, closed_guard, flat
-from hicache_storage.kit.integrity import RECORD_BYTES, seal, verify
+from hicache_storage.kit.integrity import RECORD_BYTES, check, seal, verify
 
 from .config import ThreeFSConfig, capabilities
 from .io import IORequest, SlotIO, open_io
@@ -469,11 +469,20 @@ class ThreeFSBackend(StorageBackend):
         epoch: str,
         views: list[memoryview],
         record: Buffer,
+        crc: int | None = None,
     ) -> bool:
-        """Check a confirmed read against its record; on failure count it and drop the key."""
+        """Check a confirmed read against its record; on failure count it and drop the key.
+
+        ``crc`` is the value's CRC32C when it was computed during the read (else it is
+        computed here).
+        """
         if not location.extents:  # b"": no slot, so no record and no bytes to vouch for
             return True
-        reason = verify(record, key, views, generation=generation_of(epoch, location.id))
+        generation = generation_of(epoch, location.id)
+        if crc is None:
+            reason = verify(record, key, views, generation=generation)
+        else:
+            reason = check(record, key, location.length, crc, generation)
         if reason is None:
             return True
         self._count(f"integrity_{reason.replace(' ', '_')}")
@@ -496,27 +505,38 @@ class ThreeFSBackend(StorageBackend):
             return hits
         with self._translate("read"):
             found = meta.lookup(self.namespace, keys)
-            requests: list[IORequest] = []
+            runs: list[list[IORequest]] = []
             candidates: list[tuple[int, Location, bytearray]] = []
             for i, (location, views) in enumerate(zip(found.locations, dests, strict=True)):
                 if location is None or location.length != sum(v.nbytes for v in views):
                     continue
                 record = bytearray(RECORD_BYTES)
-                requests.extend(self._plan(location, views, record))
+                runs.append(self._plan(location, views, record))
                 candidates.append((i, location, record))
             if not candidates:
                 return hits
             self.medium_faults.check("read")
-            io.read(requests)
+            crcs = None
+            if self._records:  # checksummed while read, where the I/O can
+                crcs = io.read_checked(runs, [location.length for _, location, _ in candidates])
+            if crcs is None:
+                io.read([request for run in runs for request in run])
             pairs = [(keys[i], location.id) for i, location, _ in candidates]
             confirmed = meta.confirm(self.namespace, found.epoch, pairs)
         raced = len(candidates) - sum(confirmed)
         if raced:
             self._count("raced_reads", raced)
-        for (i, location, record), ok in zip(candidates, confirmed, strict=True):
+        for j, ((i, location, record), ok) in enumerate(zip(candidates, confirmed, strict=True)):
             hits[i] = ok and (
                 not self._records
-                or self._verified(keys[i], location, found.epoch, dests[i], record)
+                or self._verified(
+                    keys[i],
+                    location,
+                    found.epoch,
+                    dests[i],
+                    record,
+                    None if crcs is None else crcs[j],
+                )
             )
         return hits
 

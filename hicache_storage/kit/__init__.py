@@ -7,7 +7,8 @@ Everything here is public API, used by the built-in backends and the same for th
 * :mod:`~hicache_storage.kit.pageio`: vectored page I/O over file descriptors and streams,
   handling short transfers and ``IOV_MAX``, reads and writes checksummed as they move
   (:func:`read_checked`, :func:`write_checked`), and whole batches of one-file pages moved
-  without holding the GIL (:func:`read_files`, :func:`write_files`);
+  without holding the GIL (:func:`read_files`, :func:`write_files`, and :func:`read_runs` for
+  values kept in ranges of large files);
 * :mod:`~hicache_storage.kit.files`: the fan-out path scheme (:class:`FanoutPaths`) and the
   temp-file-then-link writer (:class:`AtomicFiles`) of one-file-per-key backends;
 * :mod:`~hicache_storage.kit.formats`: :class:`FormatManifest`, the per-directory record of
@@ -108,12 +109,14 @@ if TYPE_CHECKING:
         UNLINKED,
         FileRead,
         FileWrite,
+        RunRead,
         flat,
         nbytes,
         read_checked,
         read_exact,
         read_files,
         read_into,
+        read_runs,
         readinto_views,
         write_checked,
         write_files,
@@ -173,6 +176,8 @@ _EXPORTS = {
     "nbytes": ".pageio",
     "read_checked": ".pageio",
     "read_files": ".pageio",
+    "read_runs": ".pageio",
+    "RunRead": ".pageio",
     "write_files": ".pageio",
     "FileRead": ".pageio",
     "FileWrite": ".pageio",
@@ -240,6 +245,7 @@ __all__ = [
     "PausableServerControl",
     "ProcessSpec",
     "Rule",
+    "RunRead",
     "SERVICES_ENV",
     "ServerControl",
     "ServiceState",
@@ -271,6 +277,7 @@ __all__ = [
     "read_exact",
     "read_files",
     "read_into",
+    "read_runs",
     "readinto_views",
     "temp_name",
     "wait_port",

@@ -242,13 +242,14 @@ finish(Cursor *at, int error, size_t total, uint32_t reg)
 }
 
 /* Read from fd at offset into the cursor's buffers until they are full or the file ends,
- * chunk by chunk, checksumming the first `checked` bytes; return 0 or an errno. */
+ * chunk by chunk, continuing the CRC32C register *reg (not inverted) over the first `checked`
+ * bytes; return 0 or an errno. */
 HW static int
 read_loop(int fd, Cursor *at, long long offset, size_t chunk, size_t checked, size_t *moved,
           uint32_t *crc)
 {
     struct iovec iov[MAX_IOV];
-    uint32_t reg = ~(uint32_t)0;
+    uint32_t reg = *crc;
     size_t total = 0;
     for (;;) {
         int used = gather(at, chunk, iov);
@@ -278,7 +279,7 @@ read_loop(int fd, Cursor *at, long long offset, size_t chunk, size_t checked, si
         advance(at, (size_t)got);
     }
     *moved = total;
-    *crc = ~reg;
+    *crc = reg;
     return 0;
 }
 
@@ -353,12 +354,12 @@ checked_read(PyObject *module, PyObject *args)
         return NULL;
     }
     size_t total = 0;
-    uint32_t crc = 0;
+    uint32_t reg = ~(uint32_t)0;
     int error;
     Py_BEGIN_ALLOW_THREADS
-    error = read_loop(fd, &at, offset, (size_t)chunk, (size_t)checked, &total, &crc);
+    error = read_loop(fd, &at, offset, (size_t)chunk, (size_t)checked, &total, &reg);
     Py_END_ALLOW_THREADS
-    return finish(&at, error, total, ~crc);
+    return finish(&at, error, total, reg);
 }
 
 static PyObject *
@@ -408,14 +409,34 @@ typedef struct {
     int outcome;
 } Job;
 
+/* read_runs: one value read from ranges of open files, in order, with one CRC32C over it. */
+typedef struct {
+    int fd;
+    long long offset;
+    Cursor at;
+} Range;
+
+typedef struct {
+    Range *ranges;
+    Py_ssize_t count;
+    size_t checked;    /* bytes the CRC32C covers, from the first range on */
+    /* results */
+    int error;
+    size_t moved;
+    uint32_t crc;
+} Run;
+
+enum { READ_FILES, WRITE_FILES, READ_RUNS };
+
 typedef struct {
     Job *jobs;
+    Run *runs;
     Py_ssize_t count;
     atomic_long next;
     size_t chunk;
     int flags;   /* reads: open flags */
     int sync;    /* writes: fsync each file */
-    int writing;
+    int mode;
 } Batch;
 
 static void
@@ -437,8 +458,10 @@ read_job(const Batch *batch, Job *job)
         }
         job->stored = (long long)info.st_size;
         if ((size_t)info.st_size == want) { /* another size is a miss: leave the page alone */
+            uint32_t reg = ~(uint32_t)0;
             job->error = read_loop(fd, &job->at, 0, batch->chunk, job->checked, &job->moved,
-                                   &job->crc);
+                                   &reg);
+            job->crc = ~reg;
         }
     }
     close(fd);
@@ -520,6 +543,28 @@ write_job(const Batch *batch, Job *job)
     unlink(job->temp);
 }
 
+static void
+read_run(const Batch *batch, Run *run)
+{
+    uint32_t reg = ~(uint32_t)0;
+    size_t left = run->checked;
+    for (Py_ssize_t i = 0; i < run->count; i++) {
+        Range *range = &run->ranges[i];
+        size_t want = 0, got = 0;
+        for (Py_ssize_t j = 0; j < range->at.count; j++) {
+            want += (size_t)range->at.views[j].len;
+        }
+        run->error = read_loop(range->fd, &range->at, range->offset, batch->chunk, left, &got,
+                               &reg);
+        run->moved += got;
+        left = left > got ? left - got : 0;
+        if (run->error || got < want) { /* failed, or the file ends first: the caller sees */
+            break;
+        }
+    }
+    run->crc = ~reg;
+}
+
 static void *
 work(void *arg)
 {
@@ -529,11 +574,14 @@ work(void *arg)
         if (i >= batch->count) {
             return NULL;
         }
-        if (batch->writing) {
+        if (batch->mode == WRITE_FILES) {
             write_job(batch, &batch->jobs[i]);
         }
-        else {
+        else if (batch->mode == READ_FILES) {
             read_job(batch, &batch->jobs[i]);
+        }
+        else {
+            read_run(batch, &batch->runs[i]);
         }
     }
 }
@@ -651,7 +699,7 @@ files_read(PyObject *module, PyObject *args)
         }
         jobs[i].checked = (size_t)value;
     }
-    Batch batch = {jobs, n, 0, (size_t)chunk, flags, 0, 0};
+    Batch batch = {jobs, NULL, n, 0, (size_t)chunk, flags, 0, READ_FILES};
     Py_BEGIN_ALLOW_THREADS
     run_batch(&batch, threads);
     Py_END_ALLOW_THREADS
@@ -718,7 +766,7 @@ files_write(PyObject *module, PyObject *args)
             jobs[i].sealed = 1;
         }
     }
-    Batch batch = {jobs, n, 0, (size_t)chunk, 0, sync, 1};
+    Batch batch = {jobs, NULL, n, 0, (size_t)chunk, 0, sync, WRITE_FILES};
     Py_BEGIN_ALLOW_THREADS
     run_batch(&batch, threads);
     Py_END_ALLOW_THREADS
@@ -739,6 +787,127 @@ done:
     Py_XDECREF(pages);
     Py_XDECREF(temps);
     Py_XDECREF(paths);
+    return result;
+}
+
+static void
+free_runs(Run *runs, Py_ssize_t count)
+{
+    for (Py_ssize_t i = 0; i < count; i++) {
+        for (Py_ssize_t j = 0; j < runs[i].count; j++) {
+            if (runs[i].ranges[j].at.views != NULL) {
+                release_all(runs[i].ranges[j].at.views, runs[i].ranges[j].at.count);
+            }
+        }
+        PyMem_Free(runs[i].ranges);
+    }
+    PyMem_Free(runs);
+}
+
+/* Fill one run from a sequence of (fd, offset, buffers); -1 with an exception set. */
+static int
+prepare_run(PyObject *spec, Run *run)
+{
+    PyObject *ranges = PySequence_Fast(spec, "a run is a sequence of (fd, offset, buffers)");
+    if (ranges == NULL) {
+        return -1;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ranges);
+    run->ranges = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Range));
+    if (run->ranges == NULL) {
+        Py_DECREF(ranges);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *buffers;
+        Range *range = &run->ranges[i];
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(ranges, i), "iLO:range", &range->fd,
+                              &range->offset, &buffers)) {
+            Py_DECREF(ranges);
+            return -1;
+        }
+        if (range->offset < 0) {
+            PyErr_SetString(PyExc_ValueError, "offsets must be >= 0");
+            Py_DECREF(ranges);
+            return -1;
+        }
+        if (hold_all(buffers, PyBUF_WRITABLE, &range->at.views, &range->at.count) < 0) {
+            Py_DECREF(ranges);
+            return -1;
+        }
+        run->count = i + 1;
+    }
+    Py_DECREF(ranges);
+    return 0;
+}
+
+static PyObject *
+runs_read(PyObject *module, PyObject *args)
+{
+    PyObject *runs_arg, *checked_arg;
+    int threads;
+    Py_ssize_t chunk;
+    if (!PyArg_ParseTuple(args, "OOni:read_runs", &runs_arg, &checked_arg, &chunk, &threads)) {
+        return NULL;
+    }
+    if (chunk < 1 || threads < 1) {
+        PyErr_SetString(PyExc_ValueError, "chunk and threads must be >= 1");
+        return NULL;
+    }
+    PyObject *specs = PySequence_Fast(runs_arg, "runs must be a sequence");
+    PyObject *checked = specs ? PySequence_Fast(checked_arg, "checked must be a sequence") : NULL;
+    PyObject *result = NULL;
+    Run *runs = NULL;
+    Py_ssize_t n = 0;
+    if (checked == NULL) {
+        goto done;
+    }
+    n = PySequence_Fast_GET_SIZE(specs);
+    if (PySequence_Fast_GET_SIZE(checked) != n) {
+        PyErr_SetString(PyExc_ValueError, "checked must hold one size per run");
+        n = 0;
+        goto done;
+    }
+    runs = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Run));
+    if (runs == NULL) {
+        PyErr_NoMemory();
+        n = 0;
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t value = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(checked, i));
+        if (value < 0) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_ValueError, "checked sizes must be >= 0");
+            }
+            goto done;
+        }
+        runs[i].checked = (size_t)value;
+        if (prepare_run(PySequence_Fast_GET_ITEM(specs, i), &runs[i]) < 0) {
+            goto done;
+        }
+    }
+    Batch batch = {NULL, runs, n, 0, (size_t)chunk, 0, 0, READ_RUNS};
+    Py_BEGIN_ALLOW_THREADS
+    run_batch(&batch, threads);
+    Py_END_ALLOW_THREADS
+    result = PyList_New(n);
+    for (Py_ssize_t i = 0; result != NULL && i < n; i++) {
+        PyObject *item = Py_BuildValue("ink", runs[i].error, (Py_ssize_t)runs[i].moved,
+                                       (unsigned long)runs[i].crc);
+        if (item == NULL) {
+            Py_CLEAR(result);
+            break;
+        }
+        PyList_SET_ITEM(result, i, item);
+    }
+done:
+    if (runs != NULL) {
+        free_runs(runs, n);
+    }
+    Py_XDECREF(checked);
+    Py_XDECREF(specs);
     return result;
 }
 
@@ -768,6 +937,12 @@ static PyMethodDef methods[] = {
      "paths[i] and remove the temporary file. outcome is 1 if this call published the page,\n"
      "0 if paths[i] existed, 2 if the filesystem cannot hard-link (the temporary file is left\n"
      "for the caller to publish). Up to `threads` pages at once, the GIL released throughout."},
+    {"read_runs", runs_read, METH_VARARGS,
+     "read_runs(runs, checked, chunk, threads) -> [(errno, read, crc32c)]\n\n"
+     "Each run is a sequence of (fd, offset, buffers): one value read from ranges of open\n"
+     "files in order, the CRC32C continued across them over its first checked[i] bytes. Up\n"
+     "to `threads` runs at once, the GIL released for the whole batch. A run stops at its\n"
+     "first failed or short range (read says how far it got)."},
     {NULL, NULL, 0, NULL},
 };
 

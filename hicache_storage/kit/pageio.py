@@ -40,12 +40,14 @@ __all__ = [
     "WRITE_FLAGS",
     "FileRead",
     "FileWrite",
+    "RunRead",
     "flat",
     "nbytes",
     "read_checked",
     "read_exact",
     "read_files",
     "read_into",
+    "read_runs",
     "readinto_views",
     "write_checked",
     "write_files",
@@ -312,6 +314,67 @@ def _write_file(
     with contextlib.suppress(OSError):
         os.unlink(temp)
     return outcome
+
+
+class RunRead(NamedTuple):
+    """What :func:`read_runs` did with one run."""
+
+    error: int
+    """0, or the errno of the failed read (the run stopped there)."""
+    read: int
+    """Bytes read over all the run's ranges (short if a file ended first)."""
+    crc: int
+    """CRC32C of the run's first ``checked`` bytes read."""
+
+
+Range = tuple[int, int, Sequence[memoryview]]
+"""One range of a run: an open file descriptor, an offset and the buffers filled from there."""
+
+
+def read_runs(
+    runs: Sequence[Sequence[Range]],
+    checked: Sequence[int],
+    workers: IOWorkers,
+    *,
+    chunk_bytes: int = CHECK_CHUNK_BYTES,
+) -> list[RunRead]:
+    """Read each run, one value stored in ranges of open files, and CRC32C it as it arrives.
+
+    For a medium that keeps values in slots of large files (3FS): a run's ranges are read in
+    order, the CRC32C continued across them over the run's first ``checked[i]`` bytes (give the
+    value's ranges first, then its integrity record's). Up to ``workers.threads`` runs are in
+    flight, on the native helper's threads where it is built (the GIL given up once a batch);
+    a run stops at its first failed or short range. Failures are reported, never raised.
+
+    Raises
+    ------
+    BackendClosedError
+        If ``workers`` is closed.
+    """
+    if _CHECKED is not None and len(runs) > 1:
+        workers.check_open()
+        raw = _CHECKED.read_runs(runs, checked, chunk_bytes, workers.threads)
+        return [RunRead(*row) for row in raw]
+
+    def one(i: int) -> RunRead:
+        return _read_run(runs[i], checked[i])
+
+    return workers.map(one, range(len(runs)))
+
+
+def _read_run(ranges: Sequence[Range], checked: int) -> RunRead:
+    total = 0
+    views: list[memoryview] = []
+    for fd, offset, buffers in ranges:
+        try:
+            got = read_into(fd, buffers, offset)
+        except OSError as exc:
+            return RunRead(exc.errno or errno.EIO, total, 0)
+        total += got
+        views.extend(buffers)
+        if got < nbytes(buffers):
+            break
+    return RunRead(0, total, checksum(_prefix(views, min(checked, total))))
 
 
 def _prefix(views: Sequence[memoryview], size: int) -> list[memoryview]:
