@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import threading
 import time
@@ -61,10 +62,12 @@ from hicache_storage import (
 )
 from hicache_storage.buffers import scatter
 from hicache_storage.kit import (
+    UNLINKED,
     AtomicFiles,
     Count,
     ErrorMap,
     FanoutPaths,
+    IOWorkers,
     MediumFaults,
     Rule,
     closed_guard,
@@ -73,7 +76,9 @@ from hicache_storage.kit import (
     is_temp,
     nbytes,
     read_exact,
+    read_files,
     readinto_views,
+    write_files,
 )
 from hicache_storage.redact import redact_text, redact_url, secrets_in
 
@@ -291,9 +296,13 @@ class FsspecBackend(StorageBackend):
         self._concurrency = config.max_concurrency
         self._timed = bool(getattr(self.fs, "async_impl", False))
         self._files = AtomicFiles()
+        self._io = IOWorkers(config.max_concurrency, "hicache-fsspec-io")
         if self.kind == "local":
             with self.errors.guard(f"create {self.root}"):
                 os.makedirs(self.root, exist_ok=True)
+
+    def _close(self) -> None:
+        self._io.close()
 
     # -- calls on a remote medium (anything but local and memory) -------------------------------
 
@@ -381,6 +390,8 @@ class FsspecBackend(StorageBackend):
         BufferSizeError
             With ``strict``, if an object's size differs from its views' (nothing written).
         """
+        if self.kind == "local" and not strict and len(keys) > 1:
+            return self._read_local(keys, pages)
         if self.kind in ("local", "memory"):
             return [
                 self._read_one(key, views, strict) for key, views in zip(keys, pages, strict=True)
@@ -392,6 +403,41 @@ class FsspecBackend(StorageBackend):
             not isinstance(data, BaseException) and _fill(key, data, len(data), views, strict)
             for key, data, views in zip(keys, results, pages, strict=True)
         ]
+
+    def _read_local(self, keys: Sequence[str], pages: Sequence[Sequence[memoryview]]) -> list[bool]:
+        """Read a batch of local files at once (:func:`~hicache_storage.kit.read_files`).
+
+        A missing file, one of another size or one that comes up short is a miss; if a file
+        fails, the others are still read and the first failure is raised.
+        """
+        hits = [False] * len(keys)
+        failures: dict[int, HiCacheError] = {}
+        todo: list[int] = []
+        for i, key in enumerate(keys):
+            try:
+                self.medium_faults.check("read")
+            except OSError as exc:  # the medium's own errors (the suite's fault hook)
+                if not self.errors.is_miss(exc):
+                    failures[i] = self.errors.translate(exc, f"read {key!r}")
+                continue
+            todo.append(i)
+        results = read_files(
+            [self.paths.path(keys[i]) for i in todo],
+            [pages[i] for i in todo],
+            [0] * len(todo),
+            self._io,
+            flags=_READ,
+        )
+        for i, result in zip(todo, results, strict=True):
+            if result.error:
+                failed = OSError(result.error, os.strerror(result.error))
+                if not self.errors.is_miss(failed):
+                    failures[i] = self.errors.translate(failed, f"read {keys[i]!r}")
+                continue
+            hits[i] = result.size == nbytes(pages[i]) == result.read
+        if failures:
+            raise failures[min(failures)]
+        return hits
 
     def _read_one(self, key: str, views: Sequence[memoryview], strict: bool) -> bool:
         """Read ``key`` from a local or memory filesystem straight into ``views``."""
@@ -491,6 +537,9 @@ class FsspecBackend(StorageBackend):
 
     def _write_many(self, keys: Sequence[str], pages: Sequence[Sequence[memoryview]]) -> list[bool]:
         """Store each page's views back to back as its key's object; the first value wins."""
+        if self.kind == "local" and len(keys) > 1:
+            self._write_local(keys, pages)
+            return [True] * len(keys)
         if self.kind in ("local", "memory"):
             for key, views in zip(keys, pages, strict=True):
                 self._write_one(key, views)
@@ -514,6 +563,49 @@ class FsspecBackend(StorageBackend):
                 break
             time.sleep(0.01 * (attempt + 1))
         return [True] * len(keys)
+
+    def _write_local(self, keys: Sequence[str], pages: Sequence[Sequence[memoryview]]) -> None:
+        """Publish a batch of local files at once (:func:`~hicache_storage.kit.write_files`).
+
+        Each page goes to a temporary file linked to its key, so the first value wins; if a page
+        fails, the others are still written and the first failure is raised.
+        """
+        failures: dict[int, HiCacheError] = {}
+        todo: list[int] = []
+        for i, key in enumerate(keys):
+            try:
+                self.medium_faults.check("write")
+                self._files.ensure_dir(os.path.dirname(self.paths.path(key)))
+            except OSError as exc:
+                failures[i] = self.errors.translate(exc, f"write {key!r}")
+                continue
+            todo.append(i)
+        temps = [self.paths.temp_path(keys[i]) for i in todo]
+        results = write_files(
+            [self.paths.path(keys[i]) for i in todo],
+            temps,
+            [pages[i] for i in todo],
+            None,
+            self._io,
+        )
+        for i, temp, result in zip(todo, temps, results, strict=True):
+            try:
+                if result.error == errno.ENOENT:  # a directory removed behind the cache
+                    self._files.forget_dirs()
+                    self._write_one(keys[i], pages[i])
+                elif result.error:
+                    raise OSError(result.error, os.strerror(result.error))
+                elif result.outcome == UNLINKED:
+                    try:
+                        self._files.publish(temp, self.paths.path(keys[i]))
+                    finally:
+                        self._files.discard(temp)
+            except HiCacheError as exc:
+                failures[i] = exc
+            except OSError as exc:
+                failures[i] = self.errors.translate(exc, f"write {keys[i]!r}")
+        if failures:
+            raise failures[min(failures)]
 
     def _write_one(self, key: str, views: Sequence[memoryview]) -> None:
         """Publish ``key`` on a local filesystem (temp + link) or in memory (under the lock)."""

@@ -252,3 +252,24 @@ def test_modules_import_only_the_public_api() -> None:
             for name in [source] if source else names:
                 if name.startswith("hicache_storage"):
                     assert name in PUBLIC, f"{where} imports {name}, not part of the public API"
+
+
+def test_local_batches_report_each_key_and_keep_the_first_value(tmp_path: Path) -> None:
+    # file:// batches move on the kit's batch calls: per key, a miss is a miss, a value of
+    # another size is a miss, a failing key fails the call only after the others moved.
+    backend = create_backend("fsspec", {"url": f"file://{tmp_path / 'store'}"})
+    bare = backend.unwrap()
+    assert isinstance(bare, FsspecBackend)
+    assert backend.batch_set(["a", "b", "c"], [b"1111", b"2222", b"33"]) == [True] * 3
+    assert backend.batch_set(["a", "d"], [b"9999", b"4444"]) == [True, True]
+    outs = [bytearray(4) for _ in range(4)]
+    assert backend.batch_get(["a", "b", "c", "missing"], outs) == [True, True, False, False]
+    assert outs[:3] == [b"1111", b"2222", b"\x00" * 4], "first value wins; a misfit is untouched"
+    moved = [bytearray(4), bytearray(4)]
+    with bare.medium_faults.armed("io", ops={"read"}, times=1), pytest.raises(BackendIOError):
+        bare.batch_get(["a", "d"], moved)
+    assert moved == [b"\x00" * 4, b"4444"], "the key after the failing one was still read"
+    later = [bytearray(4), bytearray(4)]
+    assert bare.batch_get(["a", "d"], later) == [True, True] and later == [b"1111", b"4444"]
+    assert not [p for p in (tmp_path / "store").rglob("*") if ".tmp." in p.name]
+    backend.close()
