@@ -68,7 +68,7 @@ from .policies import (
     prefetch_done_waiting,
 )
 from .radix import MatchResult, Node, RadixTree, Tier
-from .storage_io import Backup, BackupDone, Prefetch, PrefetchState, StorageIO
+from .storage_io import Backup, BackupDone, Prefetch, PrefetchState, StorageIO, check_nice
 
 __all__ = ["CacheConfig", "CacheStats", "Lease", "Lookup", "TierCache"]
 
@@ -174,9 +174,10 @@ class CacheConfig:
         Pages per storage read of a prefetch.
     query_threads, read_threads
         Existence queries and prefetch reads in flight at once.
-    write_batch_pages
-        Pages a backup writes per storage call: background writes move a few pages at a time so
-        that they leave the cores to the forward and the reads.
+    write_batch_bytes
+        Most bytes a backup writes per storage call (at least one page): background writes
+        move a few large pages at a time so that they leave the cores to the forward and the
+        reads, and many small pages in one call so that they do not pay a call's overhead each.
     write_queue
         Most backups queued for storage at once.
     load_max_gbps, backup_max_gbps
@@ -187,6 +188,10 @@ class CacheConfig:
         5 ms, a storage thread that wants the GIL back after each page's system call waits for
         the scheduler's thread, which launches the model's kernels, so reads and queries crawl.
         None leaves it alone.
+    storage_nice
+        Niceness of the storage threads and the threads they start (Linux; 0..19): a forward
+        on the CPU keeps its cores while storage works in the background (on two cores a write
+        beside a forward made it 30 % slower). None leaves them at the process's.
     """
 
     page_size: int
@@ -200,11 +205,12 @@ class CacheConfig:
     read_batch_pages: int = 32
     query_threads: int = 2
     read_threads: int = 4
-    write_batch_pages: int = 2
+    write_batch_bytes: int = 16 << 20
     write_queue: int = 64
     load_max_gbps: float | None = None
     backup_max_gbps: float | None = None
     switch_interval_s: float | None = 0.0005
+    storage_nice: int | None = 10
 
     def __post_init__(self) -> None:
         for name in (
@@ -214,7 +220,7 @@ class CacheConfig:
             "read_batch_pages",
             "query_threads",
             "read_threads",
-            "write_batch_pages",
+            "write_batch_bytes",
             "write_queue",
         ):
             _positive_int(name, getattr(self, name))
@@ -222,6 +228,7 @@ class CacheConfig:
             _positive_int("prefetch_capacity", self.prefetch_capacity)
         if not isinstance(self.prefetch_timeout, PrefetchTimeout):
             raise ConfigError("prefetch_timeout must be a PrefetchTimeout")
+        check_nice(self.storage_nice, "storage_nice")
         interval = self.switch_interval_s
         if interval is not None and (
             isinstance(interval, bool)
@@ -379,8 +386,10 @@ class TierCache:
         self._switch_interval: float | None = None
         self.costs = CostModel()
         """Measured read, query and compute times (the scheduler records its forwards)."""
+        self.token_bytes = device_pool.row_nbytes * device_pool.num_kv * device_pool.layer_num
         if backend is not None and host_pool is not None:
             backend.register_host_pool(host_pool if self.objects is None else self.objects)
+            page_bytes = self.token_bytes * config.page_size
             self.io = StorageIO(
                 backend,
                 read_batch_pages=config.read_batch_pages,
@@ -388,14 +397,14 @@ class TierCache:
                 object_indices=None if self.objects is None else self.objects.object_indices,
                 query_threads=config.query_threads,
                 read_threads=config.read_threads,
-                write_batch_pages=config.write_batch_pages,
+                write_batch_pages=max(1, config.write_batch_bytes // page_bytes),
                 costs=self.costs,
+                nice=config.storage_nice,
             )
             if config.switch_interval_s is not None:
                 self._switch_interval = sys.getswitchinterval()
                 sys.setswitchinterval(min(self._switch_interval, config.switch_interval_s))
         self.stats = CacheStats()
-        self.token_bytes = device_pool.row_nbytes * device_pool.num_kv * device_pool.layer_num
         capacity = config.prefetch_capacity
         if capacity is None and host_pool is not None:
             capacity = max(config.page_size, host_pool.size // 2)
@@ -532,9 +541,10 @@ class TierCache:
         """
         page = self.config.page_size
         waiting: list[tuple[Prefetch, Lookup]] = []
+        probing = self._probing()
         for fetch, lookup in self._fetching:
             state = fetch.state
-            if state is PrefetchState.QUERYING:
+            if state is PrefetchState.QUERYING or (probing and state is PrefetchState.QUERIED):
                 waiting.append((fetch, lookup))
                 continue
             if state is not PrefetchState.QUERIED:
@@ -573,9 +583,24 @@ class TierCache:
                 self._reading.append(fetch)
                 assert self.io is not None
                 self.io.read(fetch)
+                probing = self._probing()
             elif self.host_pool is not None:
                 self.host_pool.free(host)
         self._fetching = waiting
+
+    def _probing(self) -> bool:
+        """Whether reads wait for the first one to measure the store (``adaptive`` only).
+
+        Until a read has returned, the store's speed is unknown: one fetch reads, and the
+        others keep their queries' answers without host slots until it returns or its time
+        so far prices them out. A store that takes a second a call then holds one fetch's
+        slots for that second, not every read thread's.
+        """
+        return (
+            self.config.prefetch_policy is PrefetchPolicy.ADAPTIVE
+            and self.costs.read_s_per_page is None
+            and any(fetch.state is not PrefetchState.FINISHED for fetch in self._reading)
+        )
 
     def _pin_anchor(self, lookup: Lookup) -> bool:
         """Put the request's matched prefix on the host and pin it; False if it is gone."""

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -284,6 +286,10 @@ class StorageIO:
         time, so they leave the cores and the GIL to the forward and the reads.
     costs
         Where every query's and read call's duration is recorded (for the ``adaptive`` policy).
+    nice
+        Niceness the storage threads take (Linux; threads they start inherit it): when the
+        cores are all busy the kernel runs the forward's threads first, so background storage
+        work cannot stall a CPU forward's parallel regions. None leaves the threads as started.
     """
 
     def __init__(
@@ -297,7 +303,9 @@ class StorageIO:
         read_threads: int = 4,
         write_batch_pages: int = 2,
         costs: CostModel | None = None,
+        nice: int | None = None,
     ) -> None:
+        check_nice(nice)
         for name, value in (
             ("read_batch_pages", read_batch_pages),
             ("write_capacity", write_capacity),
@@ -318,21 +326,29 @@ class StorageIO:
         self._done: queue.Queue[BackupDone] = queue.Queue()
         self._bugs: queue.Queue[tuple[str, Exception]] = queue.Queue()
         self._closed = False
+        self._nice = nice
         self._query_threads = self._start("query", self._query_loop, query_threads)
         self._read_threads = self._start("read", self._read_loop, read_threads)
         self._write_threads = self._start("write", self._write_loop, 1)
 
-    @staticmethod
-    def _start(name: str, loop: Callable[[], None], count: int) -> list[threading.Thread]:
+    def _start(self, name: str, loop: Callable[[], None], count: int) -> list[threading.Thread]:
         threads = [
             threading.Thread(
-                target=loop, name=f"hicache-l3-{name}" + (f"-{i}" if count > 1 else ""), daemon=True
+                target=self._run,
+                args=(loop,),
+                name=f"hicache-l3-{name}" + (f"-{i}" if count > 1 else ""),
+                daemon=True,
             )
             for i in range(count)
         ]
         for thread in threads:
             thread.start()
         return threads
+
+    def _run(self, loop: Callable[[], None]) -> None:
+        if self._nice is not None:
+            lower_priority(self._nice)
+        loop()
 
     @property
     def read_threads(self) -> int:
@@ -538,3 +554,25 @@ class StorageIO:
                 self._failed(f"backup of {len(item.keys)} keys", exc)
                 stored = False
             self._done.put(BackupDone(item, stored))
+
+
+def check_nice(nice: object, name: str = "nice") -> None:
+    """Raise :class:`ConfigError` unless ``nice`` is None or a niceness in 0..19."""
+    if nice is not None and (
+        isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19
+    ):
+        raise ConfigError(f"{name} must be None or an int in 0..19, got {nice!r}")
+
+
+def lower_priority(nice: int) -> None:
+    """Give the calling thread niceness ``nice`` (Linux only: elsewhere a no-op).
+
+    On Linux a thread is a task of its own, so ``setpriority`` with its thread id changes that
+    thread alone; other systems would take the id for a process's, so they are left alone.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except OSError as exc:  # lowering back below a niceness set from outside needs privileges
+        logger.warning("could not set the storage thread's niceness to %d: %s", nice, exc)

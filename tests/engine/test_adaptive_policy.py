@@ -7,6 +7,7 @@ is who waited for what, never how long anything took.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -406,6 +407,57 @@ def test_a_slow_store_is_not_waited_for_and_its_cut_fetch_hands_back_its_slots(
     cache.close()
 
 
+def test_an_unmeasured_store_is_probed_by_one_fetch_at_a_time(
+    model: LlamaModel, stored: tuple[StorageBackend, list[int], list[int]]
+) -> None:
+    memory, prompt, expected = stored
+    backend = Gated(memory)
+    cache = adaptive_cache(backend)
+    scheduler = Scheduler(model, cache)
+    cache.costs.observe_forward(1000, 1.0)  # computing priced at 1 ms a token: reading pays
+    backend.read_gate.clear()
+    first = scheduler.submit(Request(prompt, 4))
+    second = scheduler.submit(Request(prompt, 4))
+    for request in (first, second):
+        run(scheduler, request)  # both served while the first read is held
+        assert request.output == expected and request.storage_hit == 0
+    assert backend.reads == 1, "the second fetch waited for the first read to measure the store"
+    backend.read_gate.set()
+    deadline = time.monotonic() + WAIT_S
+    while unaccounted(cache):
+        assert time.monotonic() < deadline, "the probe's host slots never came back"
+        time.sleep(0.005)
+        cache.poll()
+    assert cache.costs.read_s_per_page is not None
+    scheduler.close()
+    cache.close()
+
+
+def test_a_measured_store_is_read_by_several_fetches_at_once(
+    model: LlamaModel, stored: tuple[StorageBackend, list[int], list[int]]
+) -> None:
+    memory, prompt, expected = stored
+    backend = Gated(memory)
+    cache = adaptive_cache(backend)
+    scheduler = Scheduler(model, cache)
+    cache.costs.observe_forward(1000, 1.0)
+    cache.costs.observe_read(10, 0.001)  # measured: 0.1 ms a page, far quicker than computing
+    backend.read_gate.clear()
+    first = scheduler.submit(Request(prompt, 4))
+    second = scheduler.submit(Request(prompt, 4))
+    deadline = time.monotonic() + WAIT_S
+    while backend.reads < 2:
+        assert time.monotonic() < deadline, "the second fetch waited for the first's read"
+        scheduler.step()
+        time.sleep(0.001)
+    backend.read_gate.set()
+    for request in (first, second):
+        run(scheduler, request)
+        assert request.output == expected
+    scheduler.close()
+    cache.close()
+
+
 def test_a_request_storage_cannot_serve_does_not_wait_for_the_query(
     model: LlamaModel, stored: tuple[StorageBackend, list[int], list[int]]
 ) -> None:
@@ -453,6 +505,32 @@ def test_a_storage_tier_lowers_the_switch_interval_while_it_runs(
         without_storage.close()
     finally:
         sys.setswitchinterval(before)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread niceness is Linux's")
+def test_storage_threads_run_at_the_configured_niceness(
+    stored: tuple[StorageBackend, list[int], list[int]],
+) -> None:
+    memory, _, _ = stored
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    for nice, expected in ((max(own, 7), max(own, 7)), (None, own)):
+        cache = build_cache(64, 64, memory, storage_nice=nice)
+        threads = [t for t in cache.threads if isinstance(t, threading.Thread)]
+        assert threads
+        deadline = time.monotonic() + WAIT_S
+        for thread in threads:
+            assert thread.native_id is not None
+            while os.getpriority(os.PRIO_PROCESS, thread.native_id) != expected:
+                assert time.monotonic() < deadline, f"{thread.name} never took niceness {nice}"
+                time.sleep(0.001)
+        assert os.getpriority(os.PRIO_PROCESS, 0) == own, "the scheduler's thread keeps its own"
+        cache.close()
+
+
+@pytest.mark.parametrize("value", [-1, 20, True, 1.5, "3"])
+def test_a_storage_niceness_outside_0_19_is_refused(value: object) -> None:
+    with pytest.raises(ConfigError, match="storage_nice"):
+        build_cache(64, 64, None, storage_nice=value)
 
 
 @pytest.mark.parametrize("value", [0, -0.001, float("inf"), True, "0.001"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from hicache_storage.engine.policies import PrefetchPolicy, WritePolicy
 from hicache_storage.hostpool import MHAHostPool
 from hicache_storage.kernels import DevicePool
 from hicache_storage.keys import namespace_seed
+from hicache_storage.layers import ForwardingBackend
 
 PAGE = 4
 CONFIG = ModelConfig.tiny()
@@ -174,6 +175,43 @@ def test_storage_faults_mid_run_degrade_to_recompute(model: LlamaModel) -> None:
     cache.tree.check()
     assert sum(backend.stats()["faults"].values()) > 0, "the fault layer must have fired"
     backend.close()
+
+
+class CountingSets(ForwardingBackend):
+    """Record the pages of every ``batch_set_v1`` call."""
+
+    def __init__(self, inner: StorageBackend) -> None:
+        super().__init__(inner)
+        self.sets: list[int] = []
+
+    def batch_set_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        self.sets.append(len(keys))
+        return self.inner.batch_set_v1(keys, host_indices)
+
+
+def test_backups_write_as_many_pages_a_call_as_write_batch_bytes_holds(
+    model: LlamaModel, memory_backend: StorageBackend
+) -> None:
+    prompt = [5 + (i * 13) % (CONFIG.vocab_size - 5) for i in range(100)]
+    calls: dict[str, list[int]] = {}
+    for name, pages in (("two pages", 2), ("default", None)):
+        memory_backend.clear()
+        counting = CountingSets(memory_backend)
+        cache = build(256, 256, counting)
+        page_bytes = cache.token_bytes * PAGE
+        cache.close()
+        options = (
+            {} if pages is None else {"write_batch_bytes": pages * page_bytes + page_bytes // 2}
+        )
+        cache = build(256, 256, counting, **options)
+        run(Engine(model, cache), [list(prompt)])
+        assert sum(counting.sets) == cache.stats.pages_stored > 2
+        calls[name] = counting.sets
+    assert max(calls["two pages"]) == 2, "at most two pages' bytes a call"
+    assert len(calls["default"]) < len(calls["two pages"]), "small pages go many to a call"
+    assert max(calls["default"]) > 2
 
 
 def test_background_writes_keep_the_tokens_and_leave_no_thread(

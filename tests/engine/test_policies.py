@@ -110,7 +110,14 @@ def test_cache_config_refuses_an_unknown_policy_name(override: dict[str, Any]) -
 
 @pytest.mark.parametrize(
     "name",
-    ["page_size", "backup_after_hits", "prefetch_threshold", "read_batch_pages", "write_queue"],
+    [
+        "page_size",
+        "backup_after_hits",
+        "prefetch_threshold",
+        "read_batch_pages",
+        "write_batch_bytes",
+        "write_queue",
+    ],
 )
 @pytest.mark.parametrize("value", [0, -1, True, 1.5, "2"])
 def test_cache_config_refuses_a_size_that_is_not_a_positive_int(name: str, value: Any) -> None:
