@@ -607,6 +607,72 @@ run_batch(Batch *batch, int threads)
     }
 }
 
+/* -1 with ValueError unless a batch's chunk size and thread count are >= 1. */
+static int
+check_batch(Py_ssize_t chunk, int threads)
+{
+    if (chunk < 1 || threads < 1) {
+        PyErr_SetString(PyExc_ValueError, "chunk and threads must be >= 1");
+        return -1;
+    }
+    return 0;
+}
+
+/* Item i of `checked` as a byte count; -1 with an exception set if it is not one. */
+static int
+checked_size(PyObject *checked, Py_ssize_t i, size_t *out)
+{
+    Py_ssize_t value = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(checked, i));
+    if (value < 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "checked sizes must be >= 0");
+        }
+        return -1;
+    }
+    *out = (size_t)value;
+    return 0;
+}
+
+static PyObject *
+report_read(const Batch *batch, Py_ssize_t i)
+{
+    const Job *job = &batch->jobs[i];
+    return Py_BuildValue("iLnk", job->error, job->stored, (Py_ssize_t)job->moved,
+                         (unsigned long)job->crc);
+}
+
+static PyObject *
+report_write(const Batch *batch, Py_ssize_t i)
+{
+    return Py_BuildValue("ii", batch->jobs[i].error, batch->jobs[i].outcome);
+}
+
+static PyObject *
+report_run(const Batch *batch, Py_ssize_t i)
+{
+    const Run *run = &batch->runs[i];
+    return Py_BuildValue("ink", run->error, (Py_ssize_t)run->moved, (unsigned long)run->crc);
+}
+
+/* Run `batch` without the GIL, then return the list of `report` of each of its items. */
+static PyObject *
+run_and_report(Batch *batch, int threads, PyObject *(*report)(const Batch *, Py_ssize_t))
+{
+    Py_BEGIN_ALLOW_THREADS
+    run_batch(batch, threads);
+    Py_END_ALLOW_THREADS
+    PyObject *result = PyList_New(batch->count);
+    for (Py_ssize_t i = 0; result != NULL && i < batch->count; i++) {
+        PyObject *item = report(batch, i);
+        if (item == NULL) {
+            Py_CLEAR(result);
+            break;
+        }
+        PyList_SET_ITEM(result, i, item);
+    }
+    return result;
+}
+
 static void
 free_jobs(Job *jobs, Py_ssize_t count)
 {
@@ -672,8 +738,7 @@ files_read(PyObject *module, PyObject *args)
                           &flags, &chunk, &threads)) {
         return NULL;
     }
-    if (chunk < 1 || threads < 1) {
-        PyErr_SetString(PyExc_ValueError, "chunk and threads must be >= 1");
+    if (check_batch(chunk, threads) < 0) {
         return NULL;
     }
     PyObject *paths = PySequence_Fast(paths_arg, "paths must be a sequence");
@@ -690,29 +755,12 @@ files_read(PyObject *module, PyObject *args)
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t value = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(checked, i));
-        if (value < 0) {
-            if (!PyErr_Occurred()) {
-                PyErr_SetString(PyExc_ValueError, "checked sizes must be >= 0");
-            }
+        if (checked_size(checked, i, &jobs[i].checked) < 0) {
             goto done;
         }
-        jobs[i].checked = (size_t)value;
     }
     Batch batch = {jobs, NULL, n, 0, (size_t)chunk, flags, 0, READ_FILES};
-    Py_BEGIN_ALLOW_THREADS
-    run_batch(&batch, threads);
-    Py_END_ALLOW_THREADS
-    result = PyList_New(n);
-    for (Py_ssize_t i = 0; result != NULL && i < n; i++) {
-        PyObject *item = Py_BuildValue("iLnk", jobs[i].error, jobs[i].stored,
-                                       (Py_ssize_t)jobs[i].moved, (unsigned long)jobs[i].crc);
-        if (item == NULL) {
-            Py_CLEAR(result);
-            break;
-        }
-        PyList_SET_ITEM(result, i, item);
-    }
+    result = run_and_report(&batch, threads, report_read);
 done:
     if (jobs != NULL) {
         free_jobs(jobs, n);
@@ -733,8 +781,7 @@ files_write(PyObject *module, PyObject *args)
                           &digests_arg, &sync, &chunk, &threads)) {
         return NULL;
     }
-    if (chunk < 1 || threads < 1) {
-        PyErr_SetString(PyExc_ValueError, "chunk and threads must be >= 1");
+    if (check_batch(chunk, threads) < 0) {
         return NULL;
     }
     PyObject *paths = PySequence_Fast(paths_arg, "paths must be a sequence");
@@ -767,18 +814,7 @@ files_write(PyObject *module, PyObject *args)
         }
     }
     Batch batch = {jobs, NULL, n, 0, (size_t)chunk, 0, sync, WRITE_FILES};
-    Py_BEGIN_ALLOW_THREADS
-    run_batch(&batch, threads);
-    Py_END_ALLOW_THREADS
-    result = PyList_New(n);
-    for (Py_ssize_t i = 0; result != NULL && i < n; i++) {
-        PyObject *item = Py_BuildValue("ii", jobs[i].error, jobs[i].outcome);
-        if (item == NULL) {
-            Py_CLEAR(result);
-            break;
-        }
-        PyList_SET_ITEM(result, i, item);
-    }
+    result = run_and_report(&batch, threads, report_write);
 done:
     if (jobs != NULL) {
         free_jobs(jobs, n);
@@ -851,8 +887,7 @@ runs_read(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOni:read_runs", &runs_arg, &checked_arg, &chunk, &threads)) {
         return NULL;
     }
-    if (chunk < 1 || threads < 1) {
-        PyErr_SetString(PyExc_ValueError, "chunk and threads must be >= 1");
+    if (check_batch(chunk, threads) < 0) {
         return NULL;
     }
     PyObject *specs = PySequence_Fast(runs_arg, "runs must be a sequence");
@@ -876,32 +911,13 @@ runs_read(PyObject *module, PyObject *args)
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t value = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(checked, i));
-        if (value < 0) {
-            if (!PyErr_Occurred()) {
-                PyErr_SetString(PyExc_ValueError, "checked sizes must be >= 0");
-            }
-            goto done;
-        }
-        runs[i].checked = (size_t)value;
-        if (prepare_run(PySequence_Fast_GET_ITEM(specs, i), &runs[i]) < 0) {
+        if (checked_size(checked, i, &runs[i].checked) < 0 ||
+            prepare_run(PySequence_Fast_GET_ITEM(specs, i), &runs[i]) < 0) {
             goto done;
         }
     }
     Batch batch = {NULL, runs, n, 0, (size_t)chunk, 0, 0, READ_RUNS};
-    Py_BEGIN_ALLOW_THREADS
-    run_batch(&batch, threads);
-    Py_END_ALLOW_THREADS
-    result = PyList_New(n);
-    for (Py_ssize_t i = 0; result != NULL && i < n; i++) {
-        PyObject *item = Py_BuildValue("ink", runs[i].error, (Py_ssize_t)runs[i].moved,
-                                       (unsigned long)runs[i].crc);
-        if (item == NULL) {
-            Py_CLEAR(result);
-            break;
-        }
-        PyList_SET_ITEM(result, i, item);
-    }
+    result = run_and_report(&batch, threads, report_run);
 done:
     if (runs != NULL) {
         free_runs(runs, n);

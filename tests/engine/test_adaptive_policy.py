@@ -303,6 +303,30 @@ def unaccounted(cache: TierCache) -> int:
     return pool.size - pool.allocator.available_size() - cache.tree.tokens_on(Tier.HOST)
 
 
+def wait_slots_back(cache: TierCache, whose: str) -> None:
+    """Poll until no prefetch holds host slots."""
+    deadline = time.monotonic() + WAIT_S
+    while unaccounted(cache):
+        assert time.monotonic() < deadline, f"{whose} host slots never came back"
+        time.sleep(0.005)
+        cache.poll()
+
+
+@pytest.fixture
+def reading_pays(
+    model: LlamaModel, stored: tuple[StorageBackend, list[int], list[int]]
+) -> Iterator[tuple[Gated, TierCache, Scheduler]]:
+    """A gated store over ``stored``, with computing priced at 1 ms a token: reading pays."""
+    backend = Gated(stored[0])
+    cache = adaptive_cache(backend)
+    scheduler = Scheduler(model, cache)
+    cache.costs.observe_forward(1000, 1.0)
+    yield backend, cache, scheduler
+    backend.read_gate.set()
+    scheduler.close()
+    cache.close()
+
+
 def test_a_fast_store_is_used(
     model: LlamaModel, stored: tuple[StorageBackend, list[int], list[int]]
 ) -> None:
@@ -375,13 +399,11 @@ def test_reads_start_inside_the_forward_that_runs_when_a_query_answers(
 
 
 def test_a_slow_store_is_not_waited_for_and_its_cut_fetch_hands_back_its_slots(
-    model: LlamaModel, stored: tuple[StorageBackend, list[int], list[int]]
+    stored: tuple[StorageBackend, list[int], list[int]],
+    reading_pays: tuple[Gated, TierCache, Scheduler],
 ) -> None:
-    memory, prompt, expected = stored
-    backend = Gated(memory)
-    cache = adaptive_cache(backend)
-    scheduler = Scheduler(model, cache)
-    cache.costs.observe_forward(1000, 1.0)  # computing priced at 1 ms a token: reading pays
+    _, prompt, expected = stored
+    backend, cache, scheduler = reading_pays
     backend.read_gate.clear()
     request = scheduler.submit(Request(prompt, 4))
     run(scheduler, request)  # finishes while its read is held
@@ -391,11 +413,7 @@ def test_a_slow_store_is_not_waited_for_and_its_cut_fetch_hands_back_its_slots(
     assert unaccounted(cache) > 0, "the read in flight still holds its slots"
     time.sleep(0.3)  # the store answers late: 10 ms a page, more than computing one
     backend.read_gate.set()
-    deadline = time.monotonic() + WAIT_S
-    while unaccounted(cache):
-        assert time.monotonic() < deadline, "the cut fetch's host slots never came back"
-        time.sleep(0.005)
-        cache.poll()
+    wait_slots_back(cache, "the cut fetch's")
     reads = backend.reads
     assert cache.costs.read_s_per_page is not None
     # Now the store is known to be slow: a request it could serve reads nothing at all.
@@ -403,18 +421,14 @@ def test_a_slow_store_is_not_waited_for_and_its_cut_fetch_hands_back_its_slots(
     run(scheduler, again)
     assert again.storage_hit == 0 and backend.reads == reads
     assert unaccounted(cache) == 0
-    scheduler.close()
-    cache.close()
 
 
 def test_an_unmeasured_store_is_probed_by_one_fetch_at_a_time(
-    model: LlamaModel, stored: tuple[StorageBackend, list[int], list[int]]
+    stored: tuple[StorageBackend, list[int], list[int]],
+    reading_pays: tuple[Gated, TierCache, Scheduler],
 ) -> None:
-    memory, prompt, expected = stored
-    backend = Gated(memory)
-    cache = adaptive_cache(backend)
-    scheduler = Scheduler(model, cache)
-    cache.costs.observe_forward(1000, 1.0)  # computing priced at 1 ms a token: reading pays
+    _, prompt, expected = stored
+    backend, cache, scheduler = reading_pays
     backend.read_gate.clear()
     first = scheduler.submit(Request(prompt, 4))
     second = scheduler.submit(Request(prompt, 4))
@@ -423,24 +437,16 @@ def test_an_unmeasured_store_is_probed_by_one_fetch_at_a_time(
         assert request.output == expected and request.storage_hit == 0
     assert backend.reads == 1, "the second fetch waited for the first read to measure the store"
     backend.read_gate.set()
-    deadline = time.monotonic() + WAIT_S
-    while unaccounted(cache):
-        assert time.monotonic() < deadline, "the probe's host slots never came back"
-        time.sleep(0.005)
-        cache.poll()
+    wait_slots_back(cache, "the probe's")
     assert cache.costs.read_s_per_page is not None
-    scheduler.close()
-    cache.close()
 
 
 def test_a_measured_store_is_read_by_several_fetches_at_once(
-    model: LlamaModel, stored: tuple[StorageBackend, list[int], list[int]]
+    stored: tuple[StorageBackend, list[int], list[int]],
+    reading_pays: tuple[Gated, TierCache, Scheduler],
 ) -> None:
-    memory, prompt, expected = stored
-    backend = Gated(memory)
-    cache = adaptive_cache(backend)
-    scheduler = Scheduler(model, cache)
-    cache.costs.observe_forward(1000, 1.0)
+    _, prompt, expected = stored
+    backend, cache, scheduler = reading_pays
     cache.costs.observe_read(10, 0.001)  # measured: 0.1 ms a page, far quicker than computing
     backend.read_gate.clear()
     first = scheduler.submit(Request(prompt, 4))
@@ -454,8 +460,6 @@ def test_a_measured_store_is_read_by_several_fetches_at_once(
     for request in (first, second):
         run(scheduler, request)
         assert request.output == expected
-    scheduler.close()
-    cache.close()
 
 
 def test_a_request_storage_cannot_serve_does_not_wait_for_the_query(
