@@ -449,9 +449,17 @@ def test_a_measured_store_is_read_by_several_fetches_at_once(
     backend, cache, scheduler = reading_pays
     cache.costs.observe_read(10, 0.001)  # measured: 0.1 ms a page, far quicker than computing
     backend.read_gate.clear()
+    backend.query_gate.clear()
     first = scheduler.submit(Request(prompt, 4))
     second = scheduler.submit(Request(prompt, 4))
+    backend.query_gate.set()
     deadline = time.monotonic() + WAIT_S
+    for request in (first, second):  # both answered before a step starts any read
+        fetch = request.lookup.fetch if request.lookup is not None else None
+        assert fetch is not None
+        while fetch.state is PrefetchState.QUERYING:
+            assert time.monotonic() < deadline, "a query never answered"
+            time.sleep(0.001)
     while backend.reads < 2:
         assert time.monotonic() < deadline, "the second fetch waited for the first's read"
         scheduler.step()
