@@ -7,10 +7,11 @@ new tokens over an 8,256-token context, the overflow workload's later queries) a
 loops of the file backend's ``batch_get_v1`` of 128 pages of 8 MiB (1 GiB) from the page cache
 and of its ``batch_set_v1`` of 2 pages (the engine's write-through), each with the native batch
 (``kit.read_files``/``kit.write_files``: the GIL given up once a batch) and page by page on the
-backend's I/O threads (the Python path), and beside a thread that only runs Python. Prints
+backend's I/O threads (the Python path), and beside a thread that only runs Python; then the
+native read loops again at the engine's storage niceness (``CacheConfig.storage_nice``). Prints
 the median forward time (and the time the CPU took to launch it) for each.
 
-    python scripts/probe_gil_tax.py [--device cuda] [--model 8b|tiny]
+    python scripts/probe_gil_tax.py [--device cuda] [--model 8b|tiny] [--nice 10]
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 from hicache_storage import create_backend
 from hicache_storage.engine import LlamaModel, ModelConfig
 from hicache_storage.engine.model import Segment, next_token
+from hicache_storage.engine.storage_io import lower_priority
 from hicache_storage.hostpool import MHAHostPool
 from hicache_storage.kernels import DevicePool
 from hicache_storage.kit import pageio
@@ -41,6 +43,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--model", choices=("8b", "tiny"), default="8b")
     parser.add_argument("--repeat", type=int, default=8)
+    parser.add_argument("--nice", type=int, default=10, help="niceness of the last rows' loops")
     args = parser.parse_args()
     sys.setswitchinterval(0.0005)  # the engine's interval while its storage threads run
     config = ModelConfig.llama3_8b() if args.model == "8b" else ModelConfig.tiny()
@@ -97,10 +100,12 @@ def main() -> None:
     def python_only() -> None:
         sum(range(20_000))
 
-    def beside(loops: list[Callable[[], None]]) -> tuple[float, float]:
+    def beside(loops: list[Callable[[], None]], nice: int | None = None) -> tuple[float, float]:
         stop = threading.Event()
 
         def run(fn: Callable[[], None]) -> None:
+            if nice is not None:
+                lower_priority(nice)
             while not stop.is_set():
                 fn()
 
@@ -124,6 +129,8 @@ def main() -> None:
         rows.append((f"beside 2 set loops, {label}", beside([put] * 2)))
     pageio._CHECKED = native
     rows.append(("beside 1 pure-Python thread", beside([python_only])))
+    rows.append((f"beside 1 get loop, native, nice {args.nice}", beside([get], args.nice)))
+    rows.append((f"beside 4 get loops, native, nice {args.nice}", beside([get] * 4, args.nice)))
     alone = rows[0][1][0]
     print(f"{'forward of 64 tokens over 8,256':40s} {'ms':>8s} {'launch ms':>10s} {'x alone':>8s}")
     for name, (total, launch) in rows:

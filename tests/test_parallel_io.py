@@ -12,7 +12,7 @@ import torch
 from hicache_storage import create_backend
 from hicache_storage.errors import BackendClosedError, ConfigError
 from hicache_storage.hostpool import MHAHostPool
-from hicache_storage.kit import IOWorkers
+from hicache_storage.kit import IOWorkers, pageio
 
 
 def test_results_come_back_in_order_and_pages_run_at_once() -> None:
@@ -81,6 +81,82 @@ def test_racing_first_calls_make_one_pool_and_close_stops_it() -> None:
     assert not any(t.is_alive() for t in ours)
     with pytest.raises(BackendClosedError):
         workers.map(lambda i: i, [0, 1])
+    workers.close()
+
+
+def test_batches_that_run_their_own_threads_share_one_budget() -> None:
+    workers = IOWorkers(4, "t-io")
+    with workers.share(3) as first:
+        assert first == 3
+        with workers.share(8) as second:
+            assert second == 1, "a batch takes what is left of the budget, not its own"
+        taken: list[int] = []
+        waiter = threading.Thread(target=lambda: taken.append(workers.share(2).__enter__()))
+        with workers.share(1):
+            waiter.start()
+            waiter.join(0.1)
+            assert waiter.is_alive(), "with the budget taken a batch waits for one to end"
+    waiter.join(5)
+    assert taken == [2]
+    workers.close()
+
+
+def test_a_batch_waiting_for_the_budget_is_woken_by_close() -> None:
+    workers = IOWorkers(1, "t-io")
+    raised: list[BaseException] = []
+
+    def wait_for_share() -> None:
+        try:
+            with workers.share(1):
+                pass
+        except BackendClosedError as exc:
+            raised.append(exc)
+
+    with workers.share(1):
+        waiter = threading.Thread(target=wait_for_share)
+        waiter.start()
+        waiter.join(0.05)
+        workers.close()
+    waiter.join(5)
+    assert not waiter.is_alive() and len(raised) == 1
+    with pytest.raises(BackendClosedError):
+        workers.share(1).__enter__()
+
+
+def test_concurrent_native_batches_never_run_more_pages_than_the_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The file backend's batches run on threads the C helper starts: their sum is bounded."""
+    lock = threading.Lock()
+    running, most, asked = 0, 0, []
+
+    class Helper:
+        def read_files(self, paths: list[bytes], *args: object) -> list[tuple[int, ...]]:
+            nonlocal running, most
+            threads = args[-1]
+            assert isinstance(threads, int)
+            with lock:
+                asked.append(threads)
+                running += threads
+                most = max(most, running)
+            time.sleep(0.02)
+            with lock:
+                running -= threads
+            return [(0, 0, 0, 0)] * len(paths)
+
+    monkeypatch.setattr(pageio, "_CHECKED", Helper())
+    workers = IOWorkers(6, "t-io")
+    views = [[memoryview(bytearray(4))]] * 5
+    callers = [
+        threading.Thread(target=pageio.read_files, args=(["p"] * 5, views, [4] * 5, workers))
+        for _ in range(4)
+    ]
+    for thread in callers:
+        thread.start()
+    for thread in callers:
+        thread.join()
+    assert len(asked) == 4 and all(1 <= n <= 5 for n in asked)
+    assert most <= 6, f"{most} pages in flight at once against a budget of 6"
     workers.close()
 
 

@@ -269,6 +269,8 @@ class CacheStats:
     load_s: float = 0.0
     exposed_load_s: float = 0.0
     layer_loads: int = 0
+    host_room_wait_s: float = 0.0
+    """Seconds the scheduler's thread waited for background writes to free host room."""
 
 
 @dataclass
@@ -906,8 +908,11 @@ class TierCache:
             if victim is None:
                 if not self._writing or self.io is None:
                     return None
+                began = time.monotonic()
+                self.io.hurry()
                 for done in self.io.poll(timeout_s=_WRITE_WAIT_S):
                     self._complete(done)
+                self.stats.host_room_wait_s += time.monotonic() - began
                 if not self.io.alive:
                     return None
                 continue

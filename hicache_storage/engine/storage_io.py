@@ -283,7 +283,8 @@ class StorageIO:
         behind another's, and a backend that serves calls concurrently is kept busy.
     write_batch_pages
         Pages per ``batch_set_v1`` call of a backup: background writes move a few pages at a
-        time, so they leave the cores and the GIL to the forward and the reads.
+        time, so they leave the cores and the GIL to the forward and the reads; after
+        :meth:`hurry`, whole backups until the queue has drained.
     costs
         Where every query's and read call's duration is recorded (for the ``adaptive`` policy).
     nice
@@ -326,6 +327,7 @@ class StorageIO:
         self._done: queue.Queue[BackupDone] = queue.Queue()
         self._bugs: queue.Queue[tuple[str, Exception]] = queue.Queue()
         self._closed = False
+        self._hurry = threading.Event()
         self._nice = nice
         self._query_threads = self._start("query", self._query_loop, query_threads)
         self._read_threads = self._start("read", self._read_loop, read_threads)
@@ -390,6 +392,15 @@ class StorageIO:
             self.refused_backups += 1
             return False
         return True
+
+    def hurry(self) -> None:
+        """Write the queued backups a whole backup a call until the queue has drained.
+
+        For a caller that waits for them (room on the host is made by evicting pages that are
+        stored): background writes are then no longer background, and a few pages a call would
+        make the wait as long as the queue.
+        """
+        self._hurry.set()
 
     def check(self) -> None:
         """Raise the first bug a storage thread met since the last check, if any.
@@ -525,22 +536,24 @@ class StorageIO:
 
         Backups are background work: ``write_batch_pages`` bounds how many pages a backend that
         parallelises a batch moves at once for them, so that they do not take the cores (and
-        the GIL) that the model's forward and the prefetch reads need.
+        the GIL) that the model's forward and the prefetch reads need; once :meth:`hurry` was
+        called, the rest of the backup goes in one call.
         """
         kpp = job.keys_per_page
         pages = len(job.keys) // kpp
         if pages == 0:
             return False
         tokens = job.host_indices.numel() // pages
-        step = self.write_batch_pages
-        for first in range(0, pages, step):
-            end = min(first + step, pages)
+        first = 0
+        while first < pages:
+            end = pages if self._hurry.is_set() else min(first + self.write_batch_pages, pages)
             done = self.backend.batch_set_v1(
                 list(job.keys[first * kpp : end * kpp]),
                 self._indices(job.host_indices[first * tokens : end * tokens]),
             )
             if not done or not all(done):
                 return False
+            first = end
         return True
 
     def _write_loop(self) -> None:
@@ -553,6 +566,8 @@ class StorageIO:
             except Exception as exc:  # noqa: BLE001 - not stored; the writer goes on (a bug: check())
                 self._failed(f"backup of {len(item.keys)} keys", exc)
                 stored = False
+            if self._writes.empty():
+                self._hurry.clear()
             self._done.put(BackupDone(item, stored))
 
 

@@ -176,7 +176,8 @@ def read_files(
 
     A file is read only when its size is the sum of its page's buffers (give a value's record
     buffer as the page's last); the CRC32C covers its first ``checked[i]`` bytes. Up to
-    ``workers.threads`` pages are in flight; failures are reported per page, never raised.
+    ``workers.threads`` pages are in flight across the calls sharing ``workers``; failures are
+    reported per page, never raised.
 
     Raises
     ------
@@ -184,15 +185,10 @@ def read_files(
         If ``workers`` is closed.
     """
     if _CHECKED is not None and len(paths) > 1:
-        workers.check_open()
-        raw = _CHECKED.read_files(
-            [os.fsencode(path) for path in paths],
-            pages,
-            checked,
-            flags,
-            chunk_bytes,
-            workers.threads,
-        )
+        with workers.share(len(paths)) as threads:
+            raw = _CHECKED.read_files(
+                [os.fsencode(path) for path in paths], pages, checked, flags, chunk_bytes, threads
+            )
         return [FileRead(*row) for row in raw]
 
     def one(i: int) -> FileRead:
@@ -245,16 +241,10 @@ def write_files(
         If ``workers`` is closed.
     """
     if _CHECKED is not None and len(paths) > 1:
-        workers.check_open()
-        raw = _CHECKED.write_files(
-            [os.fsencode(path) for path in paths],
-            [os.fsencode(temp) for temp in temps],
-            pages,
-            None if keys is None else [key_digest(key) for key in keys],
-            fsync,
-            chunk_bytes,
-            workers.threads,
-        )
+        encoded = [os.fsencode(path) for path in paths], [os.fsencode(temp) for temp in temps]
+        digests = None if keys is None else [key_digest(key) for key in keys]
+        with workers.share(len(paths)) as threads:
+            raw = _CHECKED.write_files(*encoded, pages, digests, fsync, chunk_bytes, threads)
         return [FileWrite(*row) for row in raw]
 
     def one(i: int) -> FileWrite:
@@ -352,8 +342,8 @@ def read_runs(
         If ``workers`` is closed.
     """
     if _CHECKED is not None and len(runs) > 1:
-        workers.check_open()
-        raw = _CHECKED.read_runs(runs, checked, chunk_bytes, workers.threads)
+        with workers.share(len(runs)) as threads:
+            raw = _CHECKED.read_runs(runs, checked, chunk_bytes, threads)
         return [RunRead(*row) for row in raw]
 
     def one(i: int) -> RunRead:

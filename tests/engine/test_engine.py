@@ -214,6 +214,26 @@ def test_backups_write_as_many_pages_a_call_as_write_batch_bytes_holds(
     assert max(calls["default"]) > 2
 
 
+def test_a_host_full_of_unwritten_pages_hurries_the_writer_and_counts_the_wait(
+    model: LlamaModel,
+) -> None:
+    """Room on the host comes from written pages: waiting for it, the writer stops trickling."""
+    prompts = conversations(rounds=3, clients=4, seed=21)
+    expected = run(Engine(model, None), [list(p) for p in prompts])
+    slow = LayerConfig(faults=FaultConfig(ops={"batch_set_v1": FaultRule(delay_s=0.01)}))
+    counting = CountingSets(create_backend("memory", layers=slow))
+    cache = build(64, 48, counting)
+    one_page = cache.token_bytes * PAGE
+    cache.close()
+    cache = build(64, 48, counting, write_batch_bytes=one_page)
+    assert run(Engine(model, cache), [list(p) for p in prompts]) == expected
+    assert cache.stats.host_room_wait_s > 0, "the host pool must have waited for writes"
+    assert max(counting.sets) > 1, "a waited-for writer writes whole backups"
+    assert counting.sets.count(1) > 0, "until then it writes a page a call"
+    cache.tree.check()
+    counting.close()
+
+
 def test_background_writes_keep_the_tokens_and_leave_no_thread(
     model: LlamaModel, memory_backend: StorageBackend
 ) -> None:
