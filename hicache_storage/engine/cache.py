@@ -552,7 +552,11 @@ class TierCache:
             if state is not PrefetchState.QUERIED:
                 continue
             room = (self._prefetch_capacity - self._prefetch_held) // page
-            pages = min(fetch.hit_pages or 0, room)
+            hits = fetch.hit_pages or 0
+            pages = min(hits, room)
+            if pages < hits and self._capacity_returns(hits):
+                waiting.append((fetch, lookup))  # the fetches ahead hand their slots back
+                continue
             if between_layers and not (
                 lookup.pinned or lookup.anchor.is_root or Tier.HOST in lookup.anchor.tiers
             ):
@@ -589,6 +593,19 @@ class TierCache:
             elif self.host_pool is not None:
                 self.host_pool.free(host)
         self._fetching = waiting
+
+    def _capacity_returns(self, pages: int) -> bool:
+        """Whether a fetch of ``pages`` should wait for prefetch capacity (``adaptive`` only).
+
+        Capacity held by other fetches comes back as they finish; a fetch that would fit in
+        it waits for it (its request waits only while that is cheaper than recomputing, the
+        queue ahead counted) instead of reading a part or nothing and recomputing the rest.
+        """
+        return (
+            self.config.prefetch_policy is PrefetchPolicy.ADAPTIVE
+            and self._prefetch_held > 0
+            and pages * self.config.page_size <= self._prefetch_capacity
+        )
 
     def _probing(self) -> bool:
         """Whether reads wait for the first one to measure the store (``adaptive`` only).
@@ -692,7 +709,13 @@ class TierCache:
             elapsed_s=time.monotonic() - fetch.started,
             call_s=call_s,
             call_pages=call_pages,
-            queued_pages=self._queued_pages(fetch) if state is PrefetchState.READING else 0.0,
+            queued_pages=(
+                self._queued_pages(fetch)
+                if state is PrefetchState.READING
+                else self._queued_pages(None)
+                if state is PrefetchState.QUERIED
+                else 0.0
+            ),
             in_flight_s_per_page=self._in_flight_s_per_page(),
         )
 

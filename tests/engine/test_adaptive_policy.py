@@ -442,10 +442,13 @@ def test_an_unmeasured_store_is_probed_by_one_fetch_at_a_time(
 
 
 def test_a_measured_store_is_read_by_several_fetches_at_once(
+    model: LlamaModel,
     stored: tuple[StorageBackend, list[int], list[int]],
     reading_pays: tuple[Gated, TierCache, Scheduler],
 ) -> None:
-    _, prompt, expected = stored
+    _, prompt, _ = stored
+    prompt = prompt[:100]  # two fetches of 24 pages fit the 64 pages of prefetch capacity
+    expected = Engine(model, None).generate(prompt, 4)
     backend, cache, scheduler = reading_pays
     cache.costs.observe_read(10, 0.001)  # measured: 0.1 ms a page, far quicker than computing
     backend.read_gate.clear()
@@ -468,6 +471,39 @@ def test_a_measured_store_is_read_by_several_fetches_at_once(
     for request in (first, second):
         run(scheduler, request)
         assert request.output == expected
+
+
+def test_a_fetch_waits_for_prefetch_capacity_instead_of_reading_a_part(
+    model: LlamaModel,
+    stored: tuple[StorageBackend, list[int], list[int]],
+    reading_pays: tuple[Gated, TierCache, Scheduler],
+) -> None:
+    memory, prompt, expected = stored
+    other = [11 + (i * 17) % (CONFIG.vocab_size - 11) for i in range(len(prompt))]
+    with Engine(model, build_cache(512, 512, memory)) as engine:
+        other_expected = engine.generate(other, 4)
+    backend, cache, scheduler = reading_pays
+    pages = (len(prompt) - 1) // PAGE
+    assert pages * PAGE <= cache._prefetch_capacity < 2 * pages * PAGE, "one fetch fits, not two"
+    cache.costs.observe_read(10, 0.001)  # measured: 0.1 ms a page, far quicker than computing
+    backend.read_gate.clear()
+    first = scheduler.submit(Request(prompt, 4))
+    second = scheduler.submit(Request(other, 4))
+    fetch = second.lookup.fetch if second.lookup is not None else None
+    assert fetch is not None
+    deadline = time.monotonic() + WAIT_S
+    while not backend.reading.is_set() or fetch.state is PrefetchState.QUERYING:
+        assert time.monotonic() < deadline, "the first read or the second query never came"
+        scheduler.step()
+        time.sleep(0.001)
+    scheduler.step()
+    assert fetch.state is PrefetchState.QUERIED, "the second fetch waits for the capacity"
+    backend.read_gate.set()
+    for request, oracle in ((first, expected), (second, other_expected)):
+        run(scheduler, request)
+        assert request.output == oracle
+    assert second.storage_hit == pages * PAGE, "it read every page once the first had finished"
+    wait_slots_back(cache, "the fetches'")
 
 
 def test_a_request_storage_cannot_serve_does_not_wait_for_the_query(

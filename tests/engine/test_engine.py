@@ -228,7 +228,7 @@ def test_a_host_full_of_unwritten_pages_hurries_the_writer_and_counts_the_wait(
     cache = build(64, 48, counting, write_batch_bytes=one_page)
     assert run(Engine(model, cache), [list(p) for p in prompts]) == expected
     assert cache.stats.host_room_wait_s > 0, "the host pool must have waited for writes"
-    assert max(counting.sets) > 1, "a waited-for writer writes whole backups"
+    assert max(counting.sets) > 1, "a waited-for writer writes several pages a call"
     assert counting.sets.count(1) > 0, "until then it writes a page a call"
     cache.tree.check()
     counting.close()

@@ -325,23 +325,23 @@ def test_a_backup_is_written_a_few_pages_at_a_time_in_order(
     assert pages(pool, dst) == pages(pool, src), "each chunk went to its own keys"
 
 
-def test_hurry_writes_the_rest_of_the_queued_backups_whole_until_the_queue_drains(
+def test_hurry_writes_the_queued_backups_wider_until_the_queue_drains(
     make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
 ) -> None:
     io, spy = make_io(write_batch_pages=2)
     spy.gate.clear()
     fill(pool, slots(0, 7), seed=9)
-    first, second = Backup(keys(7, "a"), slots(0, 7), 1), Backup(keys(5, "b"), slots(7, 5), 2)
+    first, second = Backup(keys(7, "a"), slots(0, 7), 1), Backup(keys(9, "b"), slots(7, 9), 2)
     assert io.backup(first) and io.backup(second)
     assert spy.entered.wait(WAIT_S)  # the writer holds the first two pages of the first backup
     io.hurry()
     spy.gate.set()
     assert all(done.stored for done in poll_all(io, 2))
-    assert spy.sets == [2, 5, 5], "after hurry each backup's rest goes in one call"
-    third = Backup(keys(5, "c"), slots(12, 5), 3)
+    assert spy.sets == [2, 5, 8, 1], "after hurry, four times as many pages a call"
+    third = Backup(keys(5, "c"), slots(16, 5), 3)
     assert io.backup(third) and poll_all(io, 1)[0].stored
-    assert spy.sets[3:] == [2, 2, 1], "a drained queue writes a few pages a call again"
-    dst = slots(20, 7)
+    assert spy.sets[4:] == [2, 2, 1], "a drained queue writes a few pages a call again"
+    dst = slots(24, 7)
     assert spy.inner.batch_get_v1(keys(7, "a"), dst) == [True] * 7
     assert pages(pool, dst) == pages(pool, slots(0, 7))
 
