@@ -390,7 +390,8 @@ class TierCache:
         """Measured read, query and compute times (the scheduler records its forwards)."""
         self.token_bytes = device_pool.row_nbytes * device_pool.num_kv * device_pool.layer_num
         if backend is not None and host_pool is not None:
-            backend.register_host_pool(host_pool if self.objects is None else self.objects)
+            registered = host_pool if self.objects is None else self.objects
+            backend.register_host_pool(registered)
             page_bytes = self.token_bytes * config.page_size
             self.io = StorageIO(
                 backend,
@@ -402,6 +403,7 @@ class TierCache:
                 write_batch_pages=max(1, config.write_batch_bytes // page_bytes),
                 costs=self.costs,
                 nice=config.storage_nice,
+                pool=registered,
             )
             if config.switch_interval_s is not None:
                 self._switch_interval = sys.getswitchinterval()
@@ -578,8 +580,9 @@ class TierCache:
             ):
                 fetch.cancel()
                 continue
-            host = self._alloc_host(pages * page, stored_only=between_layers)
-            if host is None and between_layers:
+            adaptive = self.config.prefetch_policy is PrefetchPolicy.ADAPTIVE
+            host = self._alloc_host(pages * page, stored_only=between_layers, wait=not adaptive)
+            if host is None and (between_layers or adaptive):
                 waiting.append((fetch, lookup))  # the anchor stays pinned for the step
                 continue
             if host is None:
@@ -915,11 +918,16 @@ class TierCache:
             if n.device_indices is not None and n.lock_ref == 0
         )
 
-    def _alloc_host(self, count: int, *, stored_only: bool = False) -> torch.Tensor | None:
+    def _alloc_host(
+        self, count: int, *, stored_only: bool = False, wait: bool = True
+    ) -> torch.Tensor | None:
         """Allocate host slots, evicting host leaves to storage (written first when unstored).
 
         With ``stored_only``, only leaves already in storage are evicted (nothing is written or
-        waited for); None if that does not make room.
+        waited for); None if that does not make room. Without ``wait``, unstored leaves are
+        queued for writing and the writer hurried, but not waited for: None until they are
+        written (an ``adaptive`` prefetch then waits for a later step, and the scheduler's
+        thread keeps the running requests going instead of blocking on writes).
         """
         pool = self.host_pool
         if pool is None:
@@ -930,6 +938,9 @@ class TierCache:
                 return None
             if victim is None:
                 if not self._writing or self.io is None:
+                    return None
+                if not wait:
+                    self.io.hurry()
                     return None
                 began = time.monotonic()
                 self.io.hurry()

@@ -32,7 +32,7 @@ import torch
 
 from hicache_storage.backend import StorageBackend
 from hicache_storage.engine.errors import StorageBugError
-from hicache_storage.errors import BackendError, ConfigError
+from hicache_storage.errors import BackendError, ConfigError, HostPoolError
 from hicache_storage.kit.options import positive_int
 
 from .costs import CostModel
@@ -296,6 +296,11 @@ class StorageIO:
         Niceness the storage threads take (Linux; threads they start inherit it): when the
         cores are all busy the kernel runs the forward's threads first, so background storage
         work cannot stall a CPU forward's parallel regions. None leaves the threads as started.
+    pool
+        The host pool the caller registered with ``backend``. A backend addresses one
+        registered pool; if another user of the same backend object registers its own, every
+        page would move through that pool instead. Each read and write checks first and fails
+        as a bug (:meth:`check`) rather than serve another pool's bytes. None skips the check.
     """
 
     def __init__(
@@ -310,6 +315,7 @@ class StorageIO:
         write_batch_pages: int = 2,
         costs: CostModel | None = None,
         nice: int | None = None,
+        pool: object = None,
     ) -> None:
         check_nice(nice)
         for name, value in (
@@ -334,6 +340,7 @@ class StorageIO:
         self._closed = False
         self._hurry = threading.Event()
         self._nice = nice
+        self._pool = pool
         self._query_threads = self._start("query", self._query_loop, query_threads)
         self._read_threads = self._start("read", self._read_loop, read_threads)
         self._write_threads = self._start("write", self._write_loop, 1)
@@ -520,6 +527,7 @@ class StorageIO:
             first, end = batch
             began = time.monotonic()
             try:
+                self._check_pool()
                 got = self.backend.batch_get_v1(
                     fetch.keys[first * kpp : end * kpp],
                     self._indices(host[first * page : end * page]),
@@ -532,6 +540,14 @@ class StorageIO:
                 self.costs.observe_read(end - first, time.monotonic() - began)
             ok_keys = next((i for i, ok in enumerate(got) if not ok), len(got))
             fetch._read(ok_keys // kpp, ok_keys == len(got) == (end - first) * kpp)
+
+    def _check_pool(self) -> None:
+        """Raise :class:`HostPoolError` if the backend's registered pool is not the caller's."""
+        if self._pool is not None and self.backend.host_pool is not self._pool:
+            raise HostPoolError(
+                "the backend's registered host pool is no longer this cache's: another user of "
+                "the same backend object registered its own (give each cache a backend of its own)"
+            )
 
     def _indices(self, host: torch.Tensor) -> torch.Tensor:
         return host if self._objects is None else self._objects(host)
@@ -549,6 +565,7 @@ class StorageIO:
         if pages == 0:
             return False
         tokens = job.host_indices.numel() // pages
+        self._check_pool()
         first = 0
         while first < pages:
             step = self.write_batch_pages * (HURRY_FACTOR if self._hurry.is_set() else 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ import torch
 from hicache_storage import FaultConfig, FaultRule, LayerConfig, StorageBackend, create_backend
 from hicache_storage.engine.errors import StorageBugError
 from hicache_storage.engine.storage_io import Backup, BackupDone, Prefetch, PrefetchState, StorageIO
-from hicache_storage.errors import BackendIOError, ConfigError
+from hicache_storage.errors import BackendIOError, ConfigError, HostPoolError
 from hicache_storage.hostpool import MHAHostPool
 from hicache_storage.layers import ForwardingBackend
 
@@ -110,7 +111,7 @@ def make_io(pool: MHAHostPool) -> Iterator[Callable[..., tuple[StorageIO, Spy]]]
     """Build a StorageIO over a spied memory backend (layers as given); close both afterwards."""
     built: list[tuple[StorageIO, Spy]] = []
 
-    def make(layers: LayerConfig | None = None, **io_options: int) -> tuple[StorageIO, Spy]:
+    def make(layers: LayerConfig | None = None, **io_options: Any) -> tuple[StorageIO, Spy]:
         spy = Spy(create_backend("memory", layers=layers))
         spy.register_host_pool(pool)
         io = StorageIO(spy, **io_options)
@@ -154,6 +155,28 @@ def test_prefetch_reads_the_stored_pages_into_its_host_slots(
     assert (fetch.hit_pages, fetch.read_pages, fetch.target_pages) == (5, 5, 5)
     assert pages(pool, dst) == pages(pool, src)
     assert fetch.ticket == "mine" and fetch.host_indices is dst
+
+
+def test_a_pool_another_user_registered_fails_reads_and_writes_as_a_bug(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    """One backend object addresses one pool: a second registration must not route our pages."""
+    io, spy = make_io(pool=pool)
+    store(io, pool, keys(3), first_page=0)
+    other = host_pool(32 * PAGE)
+    spy.register_host_pool(other)
+    dst = slots(10, 3)
+    fetch = Prefetch(keys(3), 1, dst, PAGE)
+    io.prefetch(fetch)
+    finished(fetch)
+    assert fetch.read_pages == 0, "nothing is read through another cache's pool"
+    with pytest.raises(StorageBugError, match="registered host pool") as raised:
+        io.check()
+    assert isinstance(raised.value.__cause__, HostPoolError)
+    assert io.backup(Backup(keys(2, "w"), slots(0, 2), ticket=1))
+    (done,) = poll_all(io, 1)
+    assert not done.stored and not spy.inner.exists("w0")
+    spy.register_host_pool(pool)
 
 
 def test_prefetch_of_missing_pages_reads_only_the_leading_present_ones(
