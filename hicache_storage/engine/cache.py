@@ -580,9 +580,8 @@ class TierCache:
             ):
                 fetch.cancel()
                 continue
-            adaptive = self.config.prefetch_policy is PrefetchPolicy.ADAPTIVE
-            host = self._alloc_host(pages * page, stored_only=between_layers, wait=not adaptive)
-            if host is None and (between_layers or adaptive):
+            host = self._alloc_host(pages * page, stored_only=between_layers)
+            if host is None and between_layers:
                 waiting.append((fetch, lookup))  # the anchor stays pinned for the step
                 continue
             if host is None:
@@ -918,16 +917,13 @@ class TierCache:
             if n.device_indices is not None and n.lock_ref == 0
         )
 
-    def _alloc_host(
-        self, count: int, *, stored_only: bool = False, wait: bool = True
-    ) -> torch.Tensor | None:
+    def _alloc_host(self, count: int, *, stored_only: bool = False) -> torch.Tensor | None:
         """Allocate host slots, evicting host leaves to storage (written first when unstored).
 
         With ``stored_only``, only leaves already in storage are evicted (nothing is written or
-        waited for); None if that does not make room. Without ``wait``, unstored leaves are
-        queued for writing and the writer hurried, but not waited for: None until they are
-        written (an ``adaptive`` prefetch then waits for a later step, and the scheduler's
-        thread keeps the running requests going instead of blocking on writes).
+        waited for); None if that does not make room. Waiting for writes hurries the writer:
+        measured on the H200, a fetch that waited for a later step instead lost more to
+        recompute (its request priced the wait out) than the blocked steps cost.
         """
         pool = self.host_pool
         if pool is None:
@@ -938,9 +934,6 @@ class TierCache:
                 return None
             if victim is None:
                 if not self._writing or self.io is None:
-                    return None
-                if not wait:
-                    self.io.hurry()
                     return None
                 began = time.monotonic()
                 self.io.hurry()

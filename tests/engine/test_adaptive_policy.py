@@ -242,10 +242,8 @@ class Gated(ForwardingBackend):
         super().__init__(inner)
         self.query_gate = threading.Event()
         self.read_gate = threading.Event()
-        self.write_gate = threading.Event()
         self.query_gate.set()
         self.read_gate.set()
-        self.write_gate.set()
         self.reading = threading.Event()
         self.reads = 0
         self.query_delay_s = 0.0
@@ -262,12 +260,6 @@ class Gated(ForwardingBackend):
         self.reading.set()
         assert self.read_gate.wait(WAIT_S), "the test never opened the read gate"
         return self.inner.batch_get_v1(keys, host_indices)
-
-    def batch_set_v1(
-        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
-    ) -> list[bool]:
-        assert self.write_gate.wait(WAIT_S), "the test never opened the write gate"
-        return self.inner.batch_set_v1(keys, host_indices)
 
 
 @pytest.fixture(scope="module")
@@ -514,41 +506,6 @@ def test_a_fetch_waits_for_prefetch_capacity_instead_of_reading_a_part(
         assert request.output == oracle
     assert second.storage_hit == pages * PAGE, "it read every page once the first had finished"
     wait_slots_back(cache, "the fetches'")
-
-
-def test_a_fetch_waits_for_unwritten_host_room_without_blocking_the_scheduler(
-    stored: tuple[StorageBackend, list[int], list[int]],
-    reading_pays: tuple[Gated, TierCache, Scheduler],
-) -> None:
-    """Room made of pages still being written: the fetch waits, the running requests go on."""
-    _, prompt, expected = stored
-    backend, cache, scheduler = reading_pays
-    cache.costs.observe_read(10, 0.001)  # measured: 0.1 ms a page, far quicker than computing
-    backend.write_gate.clear()
-    for seed in (1, 2):  # 2 x 204 of the 512 host slots, pinned until written
-        run(scheduler, scheduler.submit(Request([seed + i % 40 for i in range(200)], 4)))
-    for _ in range(4):  # computing priced at 10 ms a token: a loaded machine cannot price out
-        cache.costs.observe_forward(1000, 10.0)  # the wait for the writes
-        cache.costs.observe_forward(2000, 20.0)
-    running = scheduler.submit(Request([9 + i % 30 for i in range(60)], 40))
-    waiting = scheduler.submit(Request(prompt, 4))
-    fetch = waiting.lookup.fetch if waiting.lookup is not None else None
-    assert fetch is not None
-    steps = threading.Thread(target=lambda: [scheduler.step() for _ in range(5)])
-    deadline = time.monotonic() + WAIT_S
-    while fetch.state is PrefetchState.QUERYING:
-        assert time.monotonic() < deadline, "the query never answered"
-        time.sleep(0.001)
-    steps.start()
-    steps.join(WAIT_S / 2)
-    assert not steps.is_alive(), "a step blocked on the writes that would make room"
-    assert running.output, "the running request went on meanwhile"
-    assert fetch.state is PrefetchState.QUERIED and cache.stats.host_room_wait_s == 0
-    backend.write_gate.set()
-    run(scheduler, waiting)
-    assert waiting.output == expected
-    assert waiting.storage_hit == (len(prompt) - 1) // PAGE * PAGE
-    run(scheduler, running)
 
 
 def test_a_request_storage_cannot_serve_does_not_wait_for_the_query(
