@@ -37,7 +37,7 @@ from hicache_storage.kit.options import positive_int
 
 from .costs import CostModel
 
-__all__ = ["Backup", "BackupDone", "Prefetch", "PrefetchState", "StorageIO"]
+__all__ = ["HURRY_FACTOR", "Backup", "BackupDone", "Prefetch", "PrefetchState", "StorageIO"]
 
 logger = logging.getLogger(__name__)
 _STOP = object()
