@@ -58,7 +58,7 @@ from hicache_storage.errors import (
     BufferSizeError,
     ConfigError,
 )
-from hicache_storage.kit import POSIX_ERRORS, ErrorMap, MediumFaults, closed_guard, flat
+from hicache_storage.kit import POSIX_ERRORS, ErrorMap, IOWorkers, MediumFaults, closed_guard, flat
 from hicache_storage.kit.integrity import RECORD_BYTES, check, seal, verify
 
 from .config import ThreeFSConfig, capabilities
@@ -190,6 +190,8 @@ class ThreeFSBackend(StorageBackend):
         self._lock_fd: int | None = None
         self._meta: Metadata | None = None
         self._io: SlotIO | None = None
+        self._sealers = IOWorkers(config.io_threads, "hicache-3fs-seal")
+        """Threads that checksum a batch's pages at once (CRC32C gives up the GIL)."""
         self.medium_faults = MediumFaults(
             {kind: POSIX_ERRORS[kind] for kind in ("io", "unavailable", "timeout")}
         )
@@ -364,6 +366,7 @@ class ThreeFSBackend(StorageBackend):
         self._release()
 
     def _release(self) -> None:
+        self._sealers.close()
         io, self._io = self._io, None
         meta, self._meta = self._meta, None
         try:
@@ -601,15 +604,19 @@ class ThreeFSBackend(StorageBackend):
         """Write reserved slots, then commit them (or abort when anything went wrong)."""
         meta, io = self._parts()
         ids = [location.id for _, location in writes]
+
+        def sealed(write: tuple[int, Location]) -> bytes:
+            i, location = write
+            generation = generation_of(granted.epoch, location.id)
+            return seal(keys[i], sources[i], generation=generation)
+
         try:
+            # The records first, every page's CRC32C at once: one after another they would
+            # serialise the batch on the calling thread before a byte is written.
+            records = self._sealers.map(sealed, writes) if self._records else [b""] * len(writes)
             requests = []
-            for i, location in writes:
-                views = list(sources[i])
-                record = b""
-                if self._records:
-                    generation = generation_of(granted.epoch, location.id)
-                    record = seal(keys[i], views, generation=generation)
-                requests.extend(self._plan(location, views, record))
+            for (i, location), record in zip(writes, records, strict=True):
+                requests.extend(self._plan(location, list(sources[i]), record))
             self.medium_faults.check("write")
             io.write(requests)
             if self.config.fsync == "before_commit":

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+import torch
 
 from hicache_storage import create_backend
 from hicache_storage.backends.threefs import ThreeFSBackend, ThreeFSConfig
+from hicache_storage.backends.threefs import backend as threefs_backend
 from hicache_storage.backends.threefs.baseline import RawFileBaseline
 from hicache_storage.backends.threefs.provision import metadata_service
 from hicache_storage.config import Deployment
@@ -19,6 +23,8 @@ from hicache_storage.errors import (
     BufferSizeError,
     ConfigError,
 )
+from hicache_storage.hostpool import MHAHostPool
+from hicache_storage.kit.integrity import seal
 from hicache_storage.kit.services import LocalService, free_port
 
 from .conftest import GEOMETRY, service_options
@@ -154,6 +160,36 @@ def test_mla_with_in_process_metadata_refused(tmp_path: Path) -> None:
     config = ThreeFSConfig(path=str(tmp_path), **SMALL)
     with pytest.raises(ConfigError, match="metadata_url"):
         ThreeFSBackend(config, Deployment(is_mla=True, tp_size=2, tp_rank=1))
+
+
+def test_a_batch_seals_its_pages_at_once_and_reads_them_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Integrity records are computed on several threads, not one page after another."""
+    lock = threading.Lock()
+    inside, most = 0, 0
+
+    def slow_seal(*args: Any, **kwargs: Any) -> bytes:
+        nonlocal inside, most
+        with lock:
+            inside += 1
+            most = max(most, inside)
+        time.sleep(0.02)
+        with lock:
+            inside -= 1
+        return seal(*args, **kwargs)
+
+    monkeypatch.setattr(threefs_backend, "seal", slow_seal)
+    options = {"path": str(tmp_path), **SMALL, "io_threads": 4}
+    pool = MHAHostPool(48, 4, 1, 1, 256, dtype=torch.uint8, layout="page_first", pin_memory=False)
+    pool.kv_buffer.random_(0, 255)
+    with create_backend("3fs", options) as backend:
+        backend.register_host_pool(pool)
+        keys = [f"p{i}" for i in range(6)]
+        assert backend.batch_set_v1(keys, torch.arange(0, 24)) == [True] * 6
+        assert 1 < most <= 4, f"{most} seals at once with 4 io_threads"
+        assert backend.batch_get_v1(keys, torch.arange(24, 48)) == [True] * 6
+        assert torch.equal(pool.kv_buffer[:, 24:48], pool.kv_buffer[:, :24])
 
 
 def test_baseline_uses_the_data_file_and_gives_its_region_back(tmp_path: Path) -> None:
