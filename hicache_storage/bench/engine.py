@@ -183,6 +183,8 @@ class BenchConfig:
     read_delay_s
         Seconds the fault layer adds before every ``batch_get_v1`` of the storage backend: a
         slow store, to see that the prefetch policy does not wait for it.
+    transfer_sms, early_loads
+        The cache's options of those names (:class:`~hicache_storage.engine.cache.CacheConfig`).
     """
 
     backend: str = "memory"
@@ -211,6 +213,8 @@ class BenchConfig:
     seed: int = 0
     repeat: int = 1
     read_delay_s: float | None = None
+    transfer_sms: int | None = 16
+    early_loads: bool = True
 
     def __post_init__(self) -> None:
         if self.model not in _MODELS:
@@ -245,6 +249,10 @@ class BenchConfig:
             raise ConfigError(
                 f"concurrency must be a positive int or None, got {self.concurrency!r}"
             )
+        if self.transfer_sms is not None:
+            positive_int("transfer_sms", self.transfer_sms, ConfigError)
+        if not isinstance(self.early_loads, bool):
+            raise ConfigError(f"early_loads must be a bool, got {self.early_loads!r}")
         if self.read_delay_s is not None and not 0 <= self.read_delay_s < math.inf:
             raise ConfigError(f"read_delay_s must be a finite number >= 0, got {self.read_delay_s}")
         if self.arrival_rate is not None and not self.arrival_rate > 0:
@@ -753,6 +761,8 @@ def _build_cache(config: BenchConfig, name: str, backend: StorageBackend | None)
         prefix_cache=name != "no-cache",
         write_policy=WritePolicy(config.write_policy),
         prefetch_policy=PrefetchPolicy(config.prefetch_policy),
+        transfer_sms=config.transfer_sms,
+        early_loads=config.early_loads,
     )
     return build_cache(
         config.model_config(),

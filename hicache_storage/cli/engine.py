@@ -106,18 +106,22 @@ def render(result: BenchResult, console: Console) -> None:
         title="storage traffic and L2→L1 loads",
         caption=(
             "exp.: load time the forward waited for (all of it on a CPU), per layer loaded "
-            "and as a share of the load time"
+            "and as a share of the load time; early: pages copied to the device while their "
+            "request waited for storage"
         ),
     )
     loads.add_column("config", no_wrap=True)
-    for column in ("L3 read", "L3 write", "loads", "load ms", "exp. ms", "µs/layer", "exp. %"):
+    columns = ("L3 read", "L3 write", "early", "loads", "load ms", "exp. ms", "µs/layer", "exp. %")
+    for column in columns:
         loads.add_column(column, justify="right")
     for run in runs:
         per_layer = run.exposed_per_layer_s
+        early = run.cache.get("pages_loaded_early", 0) - run.cache.get("early_pages_dropped", 0)
         loads.add_row(
             run.name,
             approx_size(run.storage_bytes_read),
             approx_size(run.storage_bytes_written),
+            f"{early:,}",
             f"{run.loads:,}",
             _ms(run.load_s),
             _ms(run.exposed_load_s),
@@ -339,6 +343,16 @@ def engine_group() -> None:
     help="Make the store slow: the fault layer waits this long before every L3 read.",
 )
 @click.option(
+    "--transfer-sms",
+    type=click.IntRange(min=0),
+    help="Most SMs a device/host pool copy occupies on a GPU (default 16); 0 for the whole GPU.",
+)
+@click.option(
+    "--early-loads/--no-early-loads",
+    default=None,
+    help="Copy a waiting request's fetched pages to the device as they arrive (default on).",
+)
+@click.option(
     "--json",
     "json_path",
     metavar="FILE",
@@ -399,6 +413,8 @@ def bench_command(
         writable_file(json_path, "--json")
     _check_device(sizes["device"])
     overrides = {key: value for key, value in sizes.items() if value is not None}
+    if overrides.get("transfer_sms") == 0:
+        overrides["transfer_sms"] = None
     if arrival_rate is not None:
         overrides["arrival_rate"] = arrival_rate or None
     if concurrency is not None:

@@ -57,7 +57,7 @@ from hicache_storage.kit.options import positive_int
 
 from .costs import CostModel
 from .errors import PoolMismatchError
-from .loading import LayerLoad, LoadTiming
+from .loading import EarlyLoad, LayerLoad, LoadTiming
 from .policies import (
     FetchView,
     PrefetchPolicy,
@@ -182,6 +182,16 @@ class CacheConfig:
         Most backups queued for storage at once.
     load_max_gbps, backup_max_gbps
         Pace of the L2→L1 and L1→L2 copy kernels on a GPU; None for full speed.
+    transfer_sms
+        Most SMs a copy between the device and host pools occupies on a GPU (the kernel's
+        ``sm_budget``); None for the whole GPU. A copy kernel on every SM holds the forward
+        beside it back for as long as it runs; a few SMs fill the PCIe link
+        (``docs/kernels.md``, *SM confinement*).
+    early_loads
+        Copy a waiting request's pages to the device as its storage reads return them, into
+        free device slots or slots of unlocked pages the host also holds, so that at admission
+        only the pages read last are left to load. Such copies are given back when an admission
+        needs their room.
     switch_interval_s
         While a storage tier's threads run, the interpreter's thread switch interval is at most
         this (``sys.setswitchinterval``, process-wide; restored by ``close``): at Python's
@@ -209,6 +219,8 @@ class CacheConfig:
     write_queue: int = 64
     load_max_gbps: float | None = None
     backup_max_gbps: float | None = None
+    transfer_sms: int | None = 16
+    early_loads: bool = True
     switch_interval_s: float | None = 0.0005
     storage_nice: int | None = 10
 
@@ -224,8 +236,11 @@ class CacheConfig:
             "write_queue",
         ):
             _positive_int(name, getattr(self, name))
-        if self.prefetch_capacity is not None:
-            _positive_int("prefetch_capacity", self.prefetch_capacity)
+        for name in ("prefetch_capacity", "transfer_sms"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name))
+        if not isinstance(self.early_loads, bool):
+            raise ConfigError(f"early_loads must be a bool, got {self.early_loads!r}")
         if not isinstance(self.prefetch_timeout, PrefetchTimeout):
             raise ConfigError("prefetch_timeout must be a PrefetchTimeout")
         check_nice(self.storage_nice, "storage_nice")
@@ -254,6 +269,11 @@ class CacheStats:
     storage_hit_tokens: int = 0
     computed_tokens: int = 0
     pages_loaded: int = 0
+    pages_loaded_early: int = 0
+    """Pages copied to the device while their request waited for storage (not in
+    ``pages_loaded``)."""
+    early_pages_dropped: int = 0
+    """Early-loaded pages given back unused (cancelled, already on the device, room needed)."""
     pages_backed_up: int = 0
     pages_fetched: int = 0
     pages_stored: int = 0
@@ -285,6 +305,8 @@ class Lookup:
     rechecked: bool = False
     pinned: bool = False
     """The anchor's host copy is pinned for the fetch (once storage was found to hold pages)."""
+    early: EarlyLoad | None = None
+    """The fetched pages already copied to the device (``early_loads``)."""
 
 
 @dataclass
@@ -383,7 +405,16 @@ class TierCache:
         self.scheme = self._scheme_for("")
         self.tree = RadixTree(config.page_size)
         self.device_alloc = PageAllocator(device_pool.size, config.page_size)
-        self.transfer = None if host_pool is None else KVTransfer(device_pool, host_pool)
+        on_gpu = device_pool.device.type == "cuda"
+        sms = config.transfer_sms if on_gpu else None
+        self.transfer = (
+            None if host_pool is None else KVTransfer(device_pool, host_pool, sm_budget=sms)
+        )
+        self._early_stream = (
+            torch.cuda.Stream(device_pool.device)  # type: ignore[no-untyped-call]
+            if on_gpu and backend is not None and config.early_loads
+            else None
+        )
         self.io: StorageIO | None = None
         self._switch_interval: float | None = None
         self.costs = CostModel()
@@ -420,6 +451,8 @@ class TierCache:
         self._writing: dict[int, tuple[Node, frozenset[str]]] = {}
         self._write_failed: set[int] = set()
         self._loads: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._early: list[Lookup] = []
+        self._early_held = 0
         self._closed = False
 
     # -- keys -------------------------------------------------------------------------------------
@@ -589,12 +622,83 @@ class TierCache:
             elif fetch.assign(host):
                 self._prefetch_held += host.numel()
                 self._reading.append(fetch)
+                if self.config.early_loads:
+                    self._early.append(lookup)
                 assert self.io is not None
                 self.io.read(fetch)
                 probing = self._probing()
             elif self.host_pool is not None:
                 self.host_pool.free(host)
         self._fetching = waiting
+        self._load_early()
+
+    def _load_early(self) -> None:
+        """Copy the pages fetches read since the last call to the device (``early_loads``).
+
+        A copy takes free device slots or those of unlocked device pages the host holds too
+        (dropping them costs no copy), and never more than half the device pool in all: the
+        waiting requests' copies must not crowd out the running ones' next admissions.
+        """
+        if not self._early or self.transfer is None:
+            return
+        page = self.config.page_size
+        limit = self.device_pool.size // 2
+        still: list[Lookup] = []
+        for lookup in self._early:
+            fetch = lookup.fetch
+            if fetch is None:
+                continue
+            still.append(lookup)
+            early = lookup.early
+            done = 0 if early is None else early.tokens
+            count = min(fetch.read_pages * page - done, (limit - self._early_held) // page * page)
+            device = self._alloc_device_early(count) if count > 0 else None
+            if device is None:
+                continue
+            if early is None:
+                early = lookup.early = EarlyLoad(
+                    self.transfer, self._early_stream, max_gbps=self.config.load_max_gbps
+                )
+            assert fetch.host_indices is not None
+            early.extend(fetch.host_indices[done : done + count], device)
+            self._early_held += count
+            self.stats.pages_loaded_early += count // page
+        self._early = still
+
+    def _alloc_device_early(self, count: int) -> torch.Tensor | None:
+        """Device slots for an early load: free ones, then unlocked pages also on the host."""
+        while self.device_alloc.available_size() < count:
+            victim = next(self.tree.evictable(Tier.DEVICE), None)
+            if victim is None or Tier.HOST not in victim.tiers:
+                return None
+            self.device_alloc.free(self.tree.evict_device(victim))
+        return self.device_alloc.alloc(count)
+
+    def _drop_early(self, lookup: Lookup) -> None:
+        """Give back a request's early-loaded device slots, once their copies are done."""
+        early = lookup.early
+        if early is None:
+            return
+        lookup.early = None
+        early.synchronize()
+        if early.tokens:
+            self.device_alloc.free(early.slots)
+        self._early_held -= early.tokens
+        self.stats.early_pages_dropped += early.tokens // self.config.page_size
+
+    def _reclaim_early(self, need: int) -> bool:
+        """Drop waiting requests' early loads, newest first, until ``need`` slots are free.
+
+        Return whether any was dropped.
+        """
+        dropped = False
+        for lookup in reversed(self._early):
+            if self.device_alloc.available_size() >= need:
+                break
+            if lookup.early is not None:
+                self._drop_early(lookup)
+                dropped = True
+        return dropped
 
     def _capacity_returns(self, pages: int) -> bool:
         """Whether a fetch of ``pages`` should wait for prefetch capacity (``adaptive`` only).
@@ -743,12 +847,20 @@ class TierCache:
         node = match.last_node
         self.tree.lock(node)
         need = -(-(total_tokens - match.device_len) // page) * page
-        if need > self.device_alloc.available_size() + self._evictable_device_tokens():
+        room = self.device_alloc.available_size() + self._evictable_device_tokens()
+        if need > room + self._early_held:
             self.tree.unlock(node)
             return None
         fresh: torch.Tensor | None = None
+        early = lookup.early
         try:
             storage_hit = self._finish_fetch(lookup)
+            if lookup in self._early:
+                self._early.remove(lookup)
+            if early is not None:
+                # Split the tree where the early copies end, so that they cover whole nodes.
+                end = lookup.anchor_len + early.tokens
+                self.tree.match_prefix(lookup.tokens[:end], seed=lookup.seed, touch=False)
             # Match again: the fetch's pages may split nodes of the first match (pages the tree
             # gained while the fetch ran), which would then name other stretches.
             match = self.tree.match_prefix(lookup.tokens, seed=lookup.seed, touch=False)
@@ -756,8 +868,7 @@ class TierCache:
             self.tree.unlock(node)
             node = match.last_node
             device_hit = match.device_len
-            for host_node in match.host_nodes:
-                self._schedule_load(host_node)
+            self._load_host_nodes(match, lookup)
             path = [n for n in self.tree.path(node) if not n.is_root]
             prefix = [n.device_indices for n in path if n.device_indices is not None]
             cached = match.matched_len
@@ -771,6 +882,7 @@ class TierCache:
             self.tree.unlock(node)
             if fresh is not None and fresh.numel():
                 self.device_alloc.free(fresh)
+            self._drop_early(lookup)
             raise
         storage_hit = min(storage_hit, cached - device_hit)
         host_hit = cached - device_hit - storage_hit
@@ -781,8 +893,44 @@ class TierCache:
             lookup.tokens, lookup.seed, node, slots, cached, device_hit, host_hit, storage_hit
         )
 
+    def _load_host_nodes(self, match: MatchResult, lookup: Lookup) -> None:
+        """Put the match's host-only nodes on the device: early copies where they cover a node.
+
+        The other nodes are loaded layer by layer in the next forward. Early slots no node
+        takes (pages the device held already) are given back.
+        """
+        early = lookup.early
+        if early is None:
+            for host_node in match.host_nodes:
+                self._schedule_load(host_node)
+            return
+        lookup.early = None  # from here on each early slot is a node's or freed
+        early.order()  # whatever uses the slots from now on runs after the copies
+        slots = early.slots
+        taken = torch.zeros(slots.numel(), dtype=torch.bool)
+        begin = lookup.anchor_len
+        pos = match.device_len
+        try:
+            for host_node in match.host_nodes:
+                end = pos + host_node.num_tokens
+                if begin <= pos and end <= begin + early.tokens:
+                    self.tree.attach_device(host_node, slots[pos - begin : end - begin])
+                    taken[pos - begin : end - begin] = True
+                else:
+                    self._schedule_load(host_node)
+                pos = end
+        finally:
+            self._early_held -= early.tokens
+            unused = slots[~taken]
+            if unused.numel():
+                self.device_alloc.free(unused)
+                self.stats.early_pages_dropped += unused.numel() // self.config.page_size
+
     def cancel(self, lookup: Lookup) -> None:
         """Drop a request that will not be admitted: stop its prefetch, free what it holds."""
+        if lookup in self._early:
+            self._early.remove(lookup)
+        self._drop_early(lookup)  # before the fetch's host slots can be freed
         fetch = lookup.fetch
         if fetch is None:
             return
@@ -898,6 +1046,8 @@ class TierCache:
             return torch.empty(0, dtype=torch.int64)
         while self.device_alloc.available_size() < need:
             victim = next(self.tree.evictable(Tier.DEVICE), None)
+            if victim is None and self._reclaim_early(need):
+                continue
             if victim is None:
                 raise HostPoolError(
                     f"the device pool cannot hold {need} more tokens: every page is locked"
@@ -1074,6 +1224,8 @@ class TierCache:
                 )
                 inserted = tokens
                 if result.existing_len and self.host_pool is not None:
+                    if lookup.early is not None:  # its copies may still read these slots
+                        lookup.early.synchronize()
                     self.host_pool.free(got[: result.existing_len])
                 fresh = tokens - result.existing_len
                 self.stats.pages_fetched += read

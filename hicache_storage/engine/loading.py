@@ -9,6 +9,9 @@ for it.
 Exposed load time is the time the compute stream spends waiting on the load's events, measured
 with CUDA events on the compute stream (a ``begin``/``end`` pair around each wait); the load's own
 duration is measured on the side stream. On CPU every copy is exposed.
+
+:class:`EarlyLoad` copies a waiting request's pages as its storage reads return them, before the
+request is admitted: at admission only the pages read last are left for the layer-by-layer load.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 
 from hicache_storage.kernels import KVTransfer
 
-__all__ = ["LayerLoad", "LoadTiming"]
+__all__ = ["EarlyLoad", "LayerLoad", "LoadTiming"]
 
 
 def _event() -> torch.cuda.Event:
@@ -134,3 +137,72 @@ class LayerLoad:
         per_layer = [begin.elapsed_time(end) / 1e3 for begin, end in self._waits]
         load = self._bounds[0].elapsed_time(self._bounds[1]) / 1e3
         return LoadTiming(self.layers, load, sum(per_layer), per_layer)
+
+
+class EarlyLoad:
+    """Device copies of a waiting request's leading fetched pages, made as their reads return.
+
+    Each :meth:`extend` copies one stretch of host slots (every layer at once) into device
+    slots: on a GPU on ``stream`` behind the work already queued on the current stream (slots
+    just freed may still be read there), on CPU at once. The slots stay the caller's; before the
+    model reads them, :meth:`order` makes the current stream wait for the copies, and before
+    the host or device slots are reused, :meth:`synchronize` waits for them.
+
+    Parameters
+    ----------
+    transfer
+        The device↔host transfer of the cache's pools.
+    stream
+        The side stream to copy on (a GPU only; None on CPU).
+    max_gbps
+        Pace of the copy kernel; None for full speed.
+    """
+
+    def __init__(
+        self,
+        transfer: KVTransfer,
+        stream: torch.cuda.Stream | None,
+        *,
+        max_gbps: float | None = None,
+    ) -> None:
+        self.transfer = transfer
+        self._stream = stream
+        self._max_gbps = max_gbps
+        self._slots: list[torch.Tensor] = []
+        self._events: list[torch.cuda.Event] = []
+        self.tokens = 0
+        """Token slots copied (or being copied) so far."""
+
+    @property
+    def slots(self) -> torch.Tensor:
+        """The device slots of every copied token, in the order of the fetch's pages."""
+        if not self._slots:
+            return torch.empty(0, dtype=torch.int64)
+        return torch.cat(self._slots)
+
+    def extend(self, host_indices: torch.Tensor, device_indices: torch.Tensor) -> None:
+        """Copy the next stretch of fetched tokens from ``host_indices`` to ``device_indices``."""
+        stream = self._stream
+        if stream is None:
+            self.transfer.load(host_indices, device_indices, max_gbps=self._max_gbps)
+        else:
+            stream.wait_stream(torch.cuda.current_stream(self.transfer.device.device))
+            with torch.cuda.stream(stream):
+                self.transfer.load(host_indices, device_indices, max_gbps=self._max_gbps)
+                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                event.record()
+            self._events.append(event)
+        self._slots.append(device_indices)
+        self.tokens += int(device_indices.numel())
+
+    def order(self) -> None:
+        """Make the current stream wait for every copy (before the model reads the slots)."""
+        if self._events:
+            current = torch.cuda.current_stream(self.transfer.device.device)
+            for event in self._events:
+                current.wait_event(event)
+
+    def synchronize(self) -> None:
+        """Block until every copy is done (before the host or device slots are reused)."""
+        for event in self._events:
+            event.synchronize()
