@@ -186,9 +186,14 @@ class EarlyLoad:
         if stream is None:
             self.transfer.load(host_indices, device_indices, max_gbps=self._max_gbps)
         else:
-            stream.wait_stream(torch.cuda.current_stream(self.transfer.device.device))
+            device = self.transfer.device.device
+            stream.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(stream):
-                self.transfer.load(host_indices, device_indices, max_gbps=self._max_gbps)
+                # From pageable memory a copy to the GPU waits for the stream, which waits for
+                # the forward in flight: pinned indices leave the scheduler's thread free.
+                host = host_indices.pin_memory().to(device, non_blocking=True)
+                dev = device_indices.pin_memory().to(device, non_blocking=True)
+                self.transfer.load(host, dev, max_gbps=self._max_gbps)
                 event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 event.record()
             self._events.append(event)

@@ -23,10 +23,20 @@ from hicache_storage.engine.cache import CacheConfig, TierCache
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.model import LlamaModel, ModelConfig
 from hicache_storage.engine.policies import PrefetchPolicy, WritePolicy
+from hicache_storage.engine.scheduler import Request, RequestState, Scheduler
 from hicache_storage.hostpool import MHAHostPool
 from hicache_storage.kernels import DevicePool
 
-__all__ = ["CONFIG", "PAGE", "build_cache", "conversations", "host_pool", "serve_job"]
+__all__ = [
+    "CONFIG",
+    "PAGE",
+    "build_cache",
+    "conversations",
+    "host_pool",
+    "serve",
+    "serve_job",
+    "stored_prompt",
+]
 
 PAGE = 4
 CONFIG = ModelConfig.tiny()
@@ -51,6 +61,29 @@ def build_cache(
     host = host_pool(host_tokens) if host_tokens else None
     config.setdefault("prefetch_policy", PrefetchPolicy.WAIT_COMPLETE)
     return TierCache(device, host, backend, CacheConfig(PAGE, **config))
+
+
+def stored_prompt(
+    model: LlamaModel, length: int, step: int
+) -> tuple[StorageBackend, list[int], list[int]]:
+    """Return a memory store holding a seeded prompt's pages, the prompt and its oracle output.
+
+    The prompt (``length`` tokens, ``step`` apart in the vocabulary) is served once through an
+    engine over the store, whose close writes its pages.
+    """
+    memory = create_backend("memory")
+    prompt = [7 + (i * step) % (CONFIG.vocab_size - 7) for i in range(length)]
+    with Engine(model, build_cache(512, 512, memory)) as engine:
+        expected = engine.generate(prompt, 4)
+    return memory, prompt, expected
+
+
+def serve(scheduler: Scheduler, *requests: Request, wait_s: float = 10.0) -> None:
+    """Step ``scheduler`` until every one of ``requests`` has finished or failed."""
+    deadline = time.monotonic() + wait_s
+    while any(r.state not in (RequestState.FINISHED, RequestState.FAILED) for r in requests):
+        assert time.monotonic() < deadline, "a request never finished"
+        scheduler.step()
 
 
 def conversations(rounds: int, clients: int, seed: int = 0) -> list[list[int]]:

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 import torch
 
-from hicache_storage import StorageBackend, create_backend
+from hicache_storage import StorageBackend
 from hicache_storage.engine.cache import TierCache
 from hicache_storage.engine.costs import MIN_FOUND, READ_TTL_S, CostModel
 from hicache_storage.engine.engine import Engine
@@ -33,7 +33,7 @@ from hicache_storage.engine.storage_io import PrefetchState
 from hicache_storage.errors import ConfigError
 from hicache_storage.layers import ForwardingBackend
 
-from ._child import CONFIG, PAGE, build_cache
+from ._child import CONFIG, PAGE, build_cache, serve, stored_prompt
 
 WAIT_S = 10.0
 
@@ -270,10 +270,7 @@ def model() -> Iterator[LlamaModel]:
 @pytest.fixture
 def stored(model: LlamaModel) -> Iterator[tuple[StorageBackend, list[int], list[int]]]:
     """A memory store holding a 200-token prompt's pages, the prompt and its oracle output."""
-    memory = create_backend("memory")
-    prompt = [7 + (i * 31) % (CONFIG.vocab_size - 7) for i in range(200)]
-    with Engine(model, build_cache(512, 512, memory)) as engine:
-        expected = engine.generate(prompt, 4)
+    memory, prompt, expected = stored_prompt(model, 200, 31)
     yield memory, prompt, expected
     memory.close()
 
@@ -290,10 +287,7 @@ def warm(scheduler: Scheduler) -> None:
 
 
 def run(scheduler: Scheduler, request: Request) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while request.state not in (RequestState.FINISHED, RequestState.FAILED):
-        assert time.monotonic() < deadline, "the request never finished"
-        scheduler.step()
+    serve(scheduler, request, wait_s=WAIT_S)
 
 
 def unaccounted(cache: TierCache) -> int:

@@ -14,9 +14,8 @@ from collections.abc import Iterator, Sequence
 import pytest
 import torch
 
-from hicache_storage import StorageBackend, create_backend
+from hicache_storage import StorageBackend
 from hicache_storage.engine.cache import TierCache
-from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.model import LlamaModel
 from hicache_storage.engine.radix import Tier
 from hicache_storage.engine.scheduler import Request, RequestState, Scheduler
@@ -24,7 +23,7 @@ from hicache_storage.engine.storage_io import PrefetchState
 from hicache_storage.errors import ConfigError
 from hicache_storage.layers import ForwardingBackend
 
-from ._child import CONFIG, PAGE, build_cache
+from ._child import CONFIG, PAGE, build_cache, serve, stored_prompt
 
 WAIT_S = 10.0
 BATCH = 3
@@ -56,10 +55,7 @@ def model() -> Iterator[LlamaModel]:
 @pytest.fixture
 def stored(model: LlamaModel) -> Iterator[tuple[StorageBackend, list[int], list[int]]]:
     """A memory store holding a 60-token prompt's pages, the prompt and its oracle output."""
-    memory = create_backend("memory")
-    prompt = [5 + (i * 29) % (CONFIG.vocab_size - 5) for i in range(61)]
-    with Engine(model, build_cache(512, 512, memory)) as engine:
-        expected = engine.generate(prompt, 4)
+    memory, prompt, expected = stored_prompt(model, 61, 29)
     yield memory, prompt, expected
     memory.close()
 
@@ -85,13 +81,6 @@ def wait_read(cache: TierCache, request: Request, pages: int) -> None:
         cache.poll()  # gives the answered query its host slots
         time.sleep(0.002)
     cache.poll()
-
-
-def run(scheduler: Scheduler, *requests: Request) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while any(r.state not in (RequestState.FINISHED, RequestState.FAILED) for r in requests):
-        assert time.monotonic() < deadline, "a request never finished"
-        scheduler.step()
 
 
 def device_kv(cache: TierCache, slots: torch.Tensor) -> list[torch.Tensor]:
@@ -126,7 +115,7 @@ def test_pages_read_while_the_request_waits_reach_the_device_before_it_is_admitt
         assert torch.equal(on_device, on_host.reshape(on_device.shape))
     backend.open.set()
     wait_read(cache, request, pages)
-    run(scheduler, request)
+    serve(scheduler, request)
     assert request.output == expected
     assert request.storage_hit == pages * PAGE
     assert cache.stats.pages_loaded_early == pages, "every page read went to the device early"
@@ -145,7 +134,7 @@ def test_without_early_loads_the_pages_load_layer_by_layer_to_the_same_tokens(
     cache = fresh_cache(memory, early_loads=False)
     scheduler = Scheduler(model, cache)
     request = scheduler.submit(Request(prompt, 4))
-    run(scheduler, request)
+    serve(scheduler, request)
     assert request.output == expected
     pages = (len(prompt) - 1) // PAGE
     assert (cache.stats.pages_loaded_early, cache.stats.pages_loaded) == (0, pages)
@@ -187,11 +176,11 @@ def test_an_admission_that_needs_the_room_takes_it_from_a_waiting_requests_early
     assert cache.stats.pages_loaded_early == BATCH
     other = [3 + (i * 13) % (CONFIG.vocab_size - 3) for i in range(89)]
     admitted = scheduler.submit(Request(other, 4))  # needs 92 of the 96 slots: more than are free
-    run(scheduler, admitted)
+    serve(scheduler, admitted)
     assert admitted.output == model.generate_no_cache(other, 4)
     assert cache.stats.early_pages_dropped >= BATCH, "the early copies gave their room back"
     backend.open.set()
-    run(scheduler, waiting)
+    serve(scheduler, waiting)
     assert waiting.output == expected
     scheduler.close()
     cache.close()
