@@ -214,7 +214,7 @@ class BenchConfig:
     repeat: int = 1
     read_delay_s: float | None = None
     transfer_sms: int | None = 16
-    early_loads: bool = True
+    early_loads: bool = False
 
     def __post_init__(self) -> None:
         if self.model not in _MODELS:

@@ -350,7 +350,7 @@ def engine_group() -> None:
 @click.option(
     "--early-loads/--no-early-loads",
     default=None,
-    help="Copy a waiting request's fetched pages to the device as they arrive (default on).",
+    help="Copy a waiting request's fetched pages to the device as they arrive (default off).",
 )
 @click.option(
     "--json",

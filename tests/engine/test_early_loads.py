@@ -61,6 +61,7 @@ def stored(model: LlamaModel) -> Iterator[tuple[StorageBackend, list[int], list[
 
 
 def fresh_cache(backend: StorageBackend, device_tokens: int = 512, **config: object) -> TierCache:
+    config.setdefault("early_loads", True)
     return build_cache(device_tokens, 512, backend, read_batch_pages=BATCH, **config)
 
 
