@@ -762,6 +762,14 @@ class TierCache:
         threads = 1 if self.io is None else self.io.read_threads
         return ahead / threads
 
+    def _queued_ahead(self, fetch: Prefetch, state: PrefetchState) -> float:
+        """Pages each read thread reads before ``fetch``: none once it finished or is asking."""
+        if state is PrefetchState.READING:
+            return self._queued_pages(fetch)
+        if state is PrefetchState.QUERIED:
+            return self._queued_pages(None)
+        return 0.0
+
     def _in_flight_s_per_page(self) -> float:
         """Seconds per page so far of the slowest read call in flight (0 when none runs)."""
         slowest = 0.0
@@ -818,13 +826,7 @@ class TierCache:
             elapsed_s=time.monotonic() - fetch.started,
             call_s=call_s,
             call_pages=call_pages,
-            queued_pages=(
-                self._queued_pages(fetch)
-                if state is PrefetchState.READING
-                else self._queued_pages(None)
-                if state is PrefetchState.QUERIED
-                else 0.0
-            ),
+            queued_pages=self._queued_ahead(fetch, state),
             in_flight_s_per_page=self._in_flight_s_per_page(),
         )
 

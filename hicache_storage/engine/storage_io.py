@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hicache_storage.backend import StorageBackend
+from hicache_storage.backend import HostPool, StorageBackend
 from hicache_storage.engine.errors import StorageBugError
 from hicache_storage.errors import BackendError, ConfigError, HostPoolError
 from hicache_storage.kit.options import positive_int
@@ -315,7 +315,7 @@ class StorageIO:
         write_batch_pages: int = 2,
         costs: CostModel | None = None,
         nice: int | None = None,
-        pool: object = None,
+        pool: HostPool | None = None,
     ) -> None:
         check_nice(nice)
         for name, value in (
