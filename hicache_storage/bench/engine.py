@@ -46,7 +46,7 @@ from hicache_storage.engine.cache import CacheConfig, TierCache
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.model import DTYPES, LlamaModel, ModelConfig
 from hicache_storage.engine.policies import PrefetchPolicy, WritePolicy
-from hicache_storage.engine.scheduler import Request
+from hicache_storage.engine.scheduler import Request, StepRecord
 from hicache_storage.engine.workloads import Conversation, DocumentQueries, MultiTurn, Turn
 from hicache_storage.errors import ConfigError, MissingDependencyError, UnsupportedOperationError
 from hicache_storage.factory import create_backend
@@ -479,6 +479,8 @@ class RunResult:
     parts_mean_s: dict[str, float] = field(default_factory=dict)
     bound_mean_s: float | None = None
     ttft_over_bound: float | None = None
+    steps: list[StepRecord] = field(default_factory=list, repr=False)
+    """Every scheduler step, ``started`` in seconds from the run's start."""
 
     @property
     def hit_tokens(self) -> int:
@@ -807,6 +809,8 @@ def _serve(
             assert engine.scheduler is not None
             if progress is not None:
                 progress(name, 0, len(turns))
+            steps: list[StepRecord] = []
+            engine.scheduler.on_step = steps.append
             start, records, end = _drive(engine, config, turns, name, progress)
             forwards = engine.scheduler.forwards
             costs = cache.costs.snapshot()
@@ -818,6 +822,7 @@ def _serve(
             backend.close()
     result = _summarise(name, description, records, end - start, forwards, cache, cleared)
     result.costs = costs
+    result.steps = [dataclasses.replace(step, started=step.started - start) for step in steps]
     return result
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -101,6 +101,7 @@ def render(result: BenchResult, console: Console) -> None:
     if result.summary and max(s.repeats for s in result.summary) > 1:
         _render_repeats(result, console)
     _render_parts(result, console)
+    _render_steps(runs, console)
 
     loads = Table(
         title="storage traffic and L2→L1 loads",
@@ -220,6 +221,44 @@ def _render_parts(result: BenchResult, console: Console) -> None:
             _ms(summary.ttft_mean_s.median),
             _ms(first.bound_mean_s),
             "-" if summary.ttft_over_bound is None else f"{summary.ttft_over_bound.median:.2f}",
+        )
+    console.print(table)
+
+
+def _render_steps(runs: Sequence[RunResult], console: Console) -> None:
+    """Print where each configuration's scheduler thread spent the run (first repeat)."""
+    from rich.table import Table
+
+    table = Table(
+        title="the scheduler's thread, seconds",
+        caption=(
+            "forward: the model's forwards (exp. load: of which waiting for L2→L1 copies); "
+            "admit: policy, fetch waits and room; poll: finished reads and writes applied; "
+            "release: finished requests' write-through; host wait: of admit and release, "
+            "waiting for writes to free host room; idle: no forward to run (steps without one "
+            "included)"
+        ),
+    )
+    table.add_column("config", no_wrap=True)
+    columns = ("steps", "forward", "exp. load", "admit", "poll", "release", "host wait", "idle")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for run in runs:
+        steps = run.steps
+        forward = sum(s.forward_s for s in steps)
+        admit = sum(s.admit_s for s in steps)
+        poll = sum(s.poll_s for s in steps)
+        release = sum(s.finish_s for s in steps)
+        table.add_row(
+            run.name,
+            f"{len(steps):,}",
+            f"{forward:.2f}",
+            f"{sum(s.exposed_load_s for s in steps):.2f}",
+            f"{admit:.2f}",
+            f"{poll:.2f}",
+            f"{release:.2f}",
+            f"{sum(s.host_wait_s for s in steps):.2f}",
+            f"{max(run.wall_s - forward - admit - poll - release, 0.0):.2f}",
         )
     console.print(table)
 

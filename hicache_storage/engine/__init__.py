@@ -4,7 +4,7 @@ What users write is exported here (``docs/engine.md``); each name imports its mo
 use, so ``import hicache_storage.engine`` stays cheap:
 
 - :class:`Engine`: model, cache and scheduler together; :class:`Scheduler` and :class:`Request`
-  when driving them by hand;
+  when driving them by hand (:class:`StepRecord`: where a step's time went);
 - :class:`TierCache` and its :class:`CacheConfig` (policies, thresholds, threads), and
   :func:`build_cache`, which sizes the pools for a model shape and builds the cache over them;
 - :class:`LlamaModel` and its :class:`ModelConfig` (shapes, seeded weights);
@@ -26,6 +26,7 @@ __all__ = [
     "RequestFailedError",
     "RequestTypeError",
     "Scheduler",
+    "StepRecord",
     "StorageBugError",
     "TierCache",
     "build_cache",
@@ -42,6 +43,7 @@ __getattr__, __dir__ = lazy_exports(
         "ModelConfig": ".model",
         "Request": ".scheduler",
         "Scheduler": ".scheduler",
+        "StepRecord": ".scheduler",
         "InvalidRequestError": ".errors",
         "PoolMismatchError": ".errors",
         "RequestFailedError": ".errors",

@@ -337,8 +337,7 @@ def next_token(logits: torch.Tensor) -> int:
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Normalise the last axis to unit root-mean-square in float32, then scale by ``weight``."""
-    x32 = x.float()
-    normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
+    normed = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
     return weight * normed.to(x.dtype)
 
 
@@ -384,8 +383,83 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
     return out.permute(2, 0, 1, 3).reshape(n, heads * dim)
 
 
+@dataclass(frozen=True)
+class _Decodes:
+    """Consecutive one-token segments of a forward, attended in one call a layer.
+
+    A forward with many requests in decode would otherwise gather and attend each one's
+    context alone, a dozen kernel launches apiece in every layer: on a GPU, where such a
+    forward is bound by launches rather than by the bytes it reads, that made a step with
+    four decodes take twice as long as a 64-token prefill over the same 8k context. The
+    contexts are padded to the longest (the padding repeats a row's own first slot and is
+    masked out).
+    """
+
+    rows: slice
+    slots: torch.Tensor
+    """``(B, C)`` pool slots of each row's context, padded to the longest ``C``."""
+    mask: torch.Tensor | None
+    """``(B, 1, 1, C)``, True where a row's context is; None when no row is padded."""
+
+    @classmethod
+    def of(cls, segments: Sequence[Segment], first_row: int) -> _Decodes:
+        """Batch ``segments`` (one new token each) whose rows start at ``first_row``."""
+        lengths = [seg.slots.numel() for seg in segments]
+        longest = max(lengths)
+        device = segments[0].slots.device
+        slots = torch.stack(
+            [
+                F.pad(seg.slots, (0, longest - n), value=int(seg.slots[0]))
+                if n < longest
+                else seg.slots
+                for seg, n in zip(segments, lengths, strict=True)
+            ]
+        )
+        mask = None
+        if min(lengths) < longest:
+            span = torch.arange(longest, device=device)
+            mask = (span < torch.tensor(lengths, device=device)[:, None])[:, None, None, :]
+        return cls(slice(first_row, first_row + len(segments)), slots, mask)
+
+    def attend(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
+        """Return the rows' attention output ``(B, heads * D)`` from the forward's ``q``."""
+        rows = q[self.rows]
+        batch, heads, dim = rows.shape
+        kv_heads = k_pool.shape[1]
+        # As for one decode: a group's query heads are the rows of queries of its KV head.
+        grouped = rows.view(batch, kv_heads, heads // kv_heads, dim)
+        k = k_pool[self.slots].transpose(1, 2)
+        v = v_pool[self.slots].transpose(1, 2)
+        out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=self.mask)
+        return out.reshape(batch, heads * dim)
+
+
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """Layer index, RoPE'd ``q (T, heads, D)``, ``k`` and ``v (T, kv_heads, D)`` to ``(T, heads*D)``."""
+
+
+def _attention_blocks(
+    segments: Sequence[Segment], bounds: Sequence[int]
+) -> list[_Decodes | tuple[Segment, slice]]:
+    """Split a forward's segments, in row order, into runs of decodes and single segments."""
+    blocks: list[_Decodes | tuple[Segment, slice]] = []
+    run: list[int] = []
+
+    def close_run() -> None:
+        if len(run) > 1:
+            blocks.append(_Decodes.of([segments[i] for i in run], bounds[run[0]]))
+        elif run:
+            blocks.append((segments[run[0]], slice(bounds[run[0]], bounds[run[0] + 1])))
+        run.clear()
+
+    for i, seg in enumerate(segments):
+        if seg.tokens.numel() == 1:
+            run.append(i)
+            continue
+        close_run()
+        blocks.append((seg, slice(bounds[i], bounds[i + 1])))
+    close_run()
+    return blocks
 
 
 class LlamaModel:
@@ -498,6 +572,7 @@ class LlamaModel:
         bounds = [0]
         for seg in segments:
             bounds.append(bounds[-1] + seg.tokens.numel())
+        blocks = _attention_blocks(segments, bounds)
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             if layer_ready is not None:
@@ -505,12 +580,13 @@ class LlamaModel:
             k_pool, v_pool = pool.buffers[0][layer], pool.buffers[1][layer]
             k_pool[write_slots] = k
             v_pool[write_slots] = v
-            return torch.cat(
-                [
-                    _attention(q[a:b], k_pool[seg.slots], v_pool[seg.slots])
-                    for seg, a, b in zip(segments, bounds, bounds[1:], strict=False)
-                ]
-            )
+            outs = [
+                block.attend(q, k_pool, v_pool)
+                if isinstance(block, _Decodes)
+                else _attention(q[block[1]], k_pool[block[0].slots], v_pool[block[0].slots])
+                for block in blocks
+            ]
+            return outs[0] if len(outs) == 1 else torch.cat(outs)
 
         hidden = self._decode(tokens, positions, attend)
         if all_logits:
@@ -627,10 +703,11 @@ class LlamaModel:
         h = F.embedding(tokens, self.embedding)
         for i, layer in enumerate(self.layers):
             qkv = F.linear(_rms_norm(h, layer.attn_norm, c.rms_eps), layer.wqkv)
-            q, k, v = qkv.view(n, c.heads + 2 * c.kv_heads, c.head_dim).split_with_sizes(
-                [c.heads, c.kv_heads, c.kv_heads], dim=1
+            qk, v = qkv.view(n, c.heads + 2 * c.kv_heads, c.head_dim).split_with_sizes(
+                [c.heads + c.kv_heads, c.kv_heads], dim=1
             )
-            h = h + F.linear(attend(i, _rope(q, cos, sin), _rope(k, cos, sin), v), layer.wo)
+            q, k = _rope(qk, cos, sin).split_with_sizes([c.heads, c.kv_heads], dim=1)
+            h = h + F.linear(attend(i, q, k, v), layer.wo)
             gate_up = F.linear(_rms_norm(h, layer.mlp_norm, c.rms_eps), layer.w_gate_up)
             gate, up = gate_up.chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, layer.w_down)

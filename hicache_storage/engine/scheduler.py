@@ -47,7 +47,7 @@ from .errors import InvalidRequestError, PoolMismatchError, RequestFailedError, 
 from .loading import LayerLoad
 from .model import LlamaModel, Segment, next_token
 
-__all__ = ["Request", "RequestState", "Scheduler", "validate_request"]
+__all__ = ["Request", "RequestState", "Scheduler", "StepRecord", "validate_request"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,32 @@ _IDLE_BLOCK_S = 0.005
 
 _READS_EVERY_LAYERS = 4
 """Layers between two looks, inside a forward, for fetches whose reads can start."""
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """Where one scheduler step's time went (see :attr:`Scheduler.on_step`).
+
+    Seconds measured on the scheduler's thread: ``poll_s`` applying finished reads and writes,
+    ``admit_s`` deciding and admitting (waits for fetches and host room included), ``forward_s``
+    the forward (its exposed load included), ``finish_s`` releasing finished requests (their
+    write-through copies and any wait for host room). ``host_wait_s`` is the part of the step
+    spent waiting for background writes to free host room.
+    """
+
+    started: float
+    """The step's start on the scheduler's clock."""
+    poll_s: float
+    admit_s: float
+    forward_s: float
+    finish_s: float
+    exposed_load_s: float
+    host_wait_s: float
+    prefill_tokens: int
+    decode_tokens: int
+    context_tokens: int
+    admitted: int
+    loaded_tokens: int
 
 
 class RequestState(enum.Enum):
@@ -326,6 +352,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.forwards = 0
+        self.on_step: Callable[[StepRecord], None] | None = None
+        """Called with each step's :class:`StepRecord` (a bench's trace); None: not recorded."""
         self._admitted: list[Request] = []
 
     @property
@@ -359,11 +387,16 @@ class Scheduler:
 
     def step(self) -> list[Request]:
         """Admit, run one forward, and return the requests that finished in it."""
+        stamp, started = self.clock(), time.perf_counter()
+        waited = self.cache.stats.host_room_wait_s
         self.cache.poll()
+        polled = time.perf_counter()
         self._admit()
+        admitted_s = time.perf_counter() - polled
         if not self.running:
             return []
         batch = self._batch()
+        decode = sum(r.state is RequestState.DECODE for r, _, _ in batch)
         load = self.cache.take_load()
         loaded, self._admitted = self._admitted, []
         cache = self.cache
@@ -387,13 +420,15 @@ class Scheduler:
             logger.warning("a batched forward failed; computing its requests one by one")
             tokens = self._forward_one_by_one(batch, load)
             measured = False
-        seconds = time.perf_counter() - began
+        forward_s = seconds = time.perf_counter() - began
+        exposed = 0.0
         if load is not None:
             timing = load.timing()
             self.cache.record_load(timing)
-            seconds -= timing.exposed_s
+            exposed = timing.exposed_s
+            seconds -= exposed
             for request in loaded:
-                request.load_s += timing.exposed_s
+                request.load_s += exposed
         if measured:  # what computing costs here prices recompute for the prefetch policy
             self.cache.costs.observe_forward(sum(n for _, _, n in batch), seconds)
         self.forwards += 1
@@ -411,8 +446,26 @@ class Scheduler:
             request.output.append(token)
             if len(request.output) >= request.max_new_tokens:
                 finished.append(request)
+        released = time.perf_counter()
         for request in finished:
             self._finish(request, now)
+        if self.on_step is not None:
+            self.on_step(
+                StepRecord(
+                    started=stamp,
+                    poll_s=polled - started,
+                    admit_s=admitted_s,
+                    forward_s=forward_s,
+                    finish_s=time.perf_counter() - released,
+                    exposed_load_s=exposed,
+                    host_wait_s=self.cache.stats.host_room_wait_s - waited,
+                    prefill_tokens=sum(n for _, _, n in batch) - decode,
+                    decode_tokens=decode,
+                    context_tokens=sum(int(segment.slots.numel()) for _, segment, _ in batch),
+                    admitted=len(loaded),
+                    loaded_tokens=0 if load is None else load.tokens,
+                )
+            )
         return [r for r in finished if r.state is RequestState.FINISHED]
 
     def _forward_one_by_one(

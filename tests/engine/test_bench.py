@@ -226,7 +226,8 @@ def test_cli_engine_bench_prints_tables_and_writes_json_and_plot(tmp_path: Path)
         ["engine", "bench", *CLI_SMALL, "--json", str(report), "--plot", str(plot), "--log-y"],
     )
     assert result.exit_code == 0, result.output
-    for text in ("L1+L2+L3", "no-cache", "TTFT mean", "L3 hit", "mean TTFT (ms) by round"):
+    titles = ("mean TTFT (ms) by round", "the scheduler's thread")
+    for text in ("L1+L2+L3", "no-cache", "TTFT mean", "L3 hit", *titles):
         assert text in result.stdout
     data = json.loads(report.read_text())
     assert [run["name"] for run in data["runs"]] == [name for name, _ in RUNS]
@@ -277,6 +278,26 @@ def test_every_request_says_where_its_time_went_and_what_bounds_it(
     assert stored.bound_mean_s < memory_result.run("no-cache").bound_mean_s, (
         "storage hits make the bound lower than recomputing everything"
     )
+
+
+def test_every_forward_is_a_step_that_says_where_the_scheduler_spent_it(
+    memory_result: BenchResult,
+) -> None:
+    for run in memory_result.runs:
+        steps = run.steps
+        assert len(steps) == run.forwards > 0
+        assert sum(s.prefill_tokens for s in steps) == run.computed_tokens
+        assert sum(s.decode_tokens for s in steps) == run.generated_tokens - run.requests
+        assert sum(s.admitted for s in steps) == run.requests
+        starts = [s.started for s in steps]
+        assert starts == sorted(starts) and starts[0] >= 0 and starts[-1] <= run.wall_s
+        for step in steps:
+            assert min(step.poll_s, step.admit_s, step.forward_s, step.finish_s) >= 0
+            assert step.context_tokens >= step.prefill_tokens + step.decode_tokens
+        loaded = sum(s.loaded_tokens for s in steps)
+        assert loaded == run.cache["pages_loaded"] * SMALL.page_size
+        assert sum(s.exposed_load_s for s in steps) == pytest.approx(run.exposed_load_s)
+        assert sum(s.host_wait_s for s in steps) <= run.cache["host_room_wait_s"] + 1e-9
 
 
 def test_repeats_are_summarised_by_median_and_range() -> None:

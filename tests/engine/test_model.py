@@ -157,6 +157,27 @@ def test_batch_of_segments_equals_each_alone(model: LlamaModel) -> None:
         torch.testing.assert_close(got_last, got[-1], atol=ATOL, rtol=RTOL)
 
 
+def test_decodes_of_different_contexts_batched_around_a_prefill_equal_the_oracle(
+    model: LlamaModel,
+) -> None:
+    """Consecutive one-token segments attend in one call; short contexts are padded and masked."""
+    lengths = (PAGE + 3, 2, 3 * PAGE, PAGE, 2 * PAGE + 5, 7)
+    prompts = [random_tokens(n, seed=50 + n) for n in lengths]
+    slots = shuffled_slots(sum(lengths), seed=9).split_with_sizes(list(lengths))
+    new = [1, 1, 4, 1, 1, 1]  # decode, decode, a prefill of 4, three decodes
+    pool = poisoned_pool(model)
+    for prompt, n, req_slots in zip(prompts, new, slots, strict=True):
+        if len(prompt) > n:
+            all_logits(model, pool, prompt[:-n], req_slots[: len(prompt) - n])
+    batch = [segment(p[-n:], s) for p, n, s in zip(prompts, new, slots, strict=True)]
+
+    every = model.forward(batch, pool, all_logits=True)
+
+    for prompt, n, got in zip(prompts, new, every, strict=True):
+        oracle = model.forward_no_cache(torch.tensor(prompt))
+        torch.testing.assert_close(got, oracle[-n:], atol=ATOL, rtol=RTOL)
+
+
 def test_forward_reads_the_prefix_from_the_pool(model: LlamaModel) -> None:
     """The tests above are not vacuous: one changed value in a prefix slot changes the logits."""
     prompt = random_tokens(PAGE + 4, seed=40)

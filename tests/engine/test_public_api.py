@@ -16,6 +16,7 @@ DEFINED_IN = {
     "ModelConfig": "model",
     "Scheduler": "scheduler",
     "Request": "scheduler",
+    "StepRecord": "scheduler",
     "InvalidRequestError": "errors",
     "PoolMismatchError": "errors",
     "RequestFailedError": "errors",
