@@ -280,6 +280,8 @@ class CacheStats:
     pages_backed_up: int = 0
     pages_fetched: int = 0
     pages_stored: int = 0
+    pages_known_stored: int = 0
+    """Pages a request computed that its storage query had found: marked stored, not written."""
     storage_bytes_read: int = 0
     storage_bytes_written: int = 0
     prefetches: int = 0
@@ -325,6 +327,9 @@ class Lease:
         Leading prompt tokens whose KV the cache supplied (ready once the pending load is).
     device_hit, host_hit, storage_hit
         How many of them came from each tier.
+    in_storage
+        Prompt tokens ``[begin, end)`` its existence query found in storage: what it computes
+        of them (a fetch cut or not worth it) is not written again.
     """
 
     tokens: tuple[int, ...]
@@ -336,6 +341,7 @@ class Lease:
     host_hit: int = 0
     storage_hit: int = 0
     released: bool = False
+    in_storage: tuple[int, int] = (0, 0)
 
 
 class TierCache:
@@ -858,6 +864,8 @@ class TierCache:
             return None
         fresh: torch.Tensor | None = None
         early = lookup.early
+        hits = 0 if lookup.fetch is None else lookup.fetch.hit_pages or 0
+        in_storage = (lookup.anchor_len, lookup.anchor_len + hits * page)
         try:
             storage_hit = self._finish_fetch(lookup)
             if lookup in self._early:
@@ -895,7 +903,15 @@ class TierCache:
         self.stats.host_hit_tokens += host_hit
         self.stats.storage_hit_tokens += storage_hit
         return Lease(
-            lookup.tokens, lookup.seed, node, slots, cached, device_hit, host_hit, storage_hit
+            lookup.tokens,
+            lookup.seed,
+            node,
+            slots,
+            cached,
+            device_hit,
+            host_hit,
+            storage_hit,
+            in_storage=in_storage,
         )
 
     def _load_host_nodes(self, match: MatchResult, lookup: Lookup) -> None:
@@ -992,8 +1008,33 @@ class TierCache:
                 self.device_alloc.free(freed)
             self.tree.unlock(lease.node)
         self.stats.computed_tokens += max(len(tokens) - lease.cached, 0)
+        if keep:
+            self._mark_in_storage(lease, tokens[:keep])
         if self.config.write_policy is WritePolicy.WRITE_THROUGH and keep:
             self._write_through(last)
+
+    def _mark_in_storage(self, lease: Lease, tokens: Sequence[int]) -> None:
+        """Mark stored the nodes a request computed over pages its query found in storage.
+
+        Writing them again would cost a host copy, host room (waited for while earlier writes
+        drain) and a storage write, for pages storage has: measured on the H200, requests that
+        recomputed pages whose fetch was cut fed a round of such waits and further cuts.
+        """
+        begin, end = lease.in_storage
+        end = min(end, len(tokens))
+        if self.io is None or end <= begin:
+            return
+        # Split the tree at both ends, so that whole nodes cover the stretch.
+        self.tree.match_prefix(tokens[:begin], seed=lease.seed, touch=False)
+        match = self.tree.match_prefix(tokens[:end], seed=lease.seed, touch=False)
+        pos = 0
+        for node in self.tree.path(match.last_node):
+            if node.is_root:
+                continue
+            if pos >= begin and not node.stored:
+                self.tree.mark_stored(node)
+                self.stats.pages_known_stored += node.num_tokens // self.config.page_size
+            pos += node.num_tokens
 
     # -- background completions ------------------------------------------------------------------
 
@@ -1139,7 +1180,8 @@ class TierCache:
                 if step.is_root or Tier.HOST in step.tiers:
                     continue
                 device = step.device_indices
-                host = self._alloc_host(step.num_tokens)
+                # A page storage holds is not worth a wait for writes to free host room.
+                host = self._alloc_host(step.num_tokens, stored_only=step.stored)
                 if device is None or host is None or self.transfer is None:
                     if host is not None and self.host_pool is not None:
                         self.host_pool.free(host)

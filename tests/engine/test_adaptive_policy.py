@@ -417,6 +417,30 @@ def test_a_slow_store_is_not_waited_for_and_its_cut_fetch_hands_back_its_slots(
     assert unaccounted(cache) == 0
 
 
+def test_pages_recomputed_over_a_cut_fetch_are_known_stored_and_not_written_again(
+    stored: tuple[StorageBackend, list[int], list[int]],
+    reading_pays: tuple[Gated, TierCache, Scheduler],
+) -> None:
+    _, prompt, expected = stored
+    backend, cache, scheduler = reading_pays
+    backend.read_gate.clear()
+    request = scheduler.submit(Request(prompt, 4))
+    run(scheduler, request)  # the fetch is cut: the request computes pages storage holds
+    assert request.storage_hit == 0 and request.output == expected
+    pages = (len(prompt) - 1) // PAGE
+    assert cache.stats.pages_known_stored == pages
+    match = cache.tree.match_prefix(prompt[: pages * PAGE], touch=False)
+    path = [n for n in cache.tree.path(match.last_node) if not n.is_root]
+    assert match.matched_len == pages * PAGE and all(n.stored for n in path)
+    backend.read_gate.set()
+    wait_slots_back(cache, "the cut fetch's")
+    cache.close()  # every queued backup is written now
+    written = cache.stats.pages_stored
+    assert written < len([*prompt, *expected]) // PAGE - pages + 1, (
+        f"{written} pages written: the pages storage holds were written again"
+    )
+
+
 def test_an_unmeasured_store_is_probed_by_one_fetch_at_a_time(
     stored: tuple[StorageBackend, list[int], list[int]],
     reading_pays: tuple[Gated, TierCache, Scheduler],
