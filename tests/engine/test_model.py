@@ -15,7 +15,13 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from hicache_storage.engine.model import LlamaModel, ModelConfig, Segment, next_token
+from hicache_storage.engine.model import (
+    GRAPH_TOKENS,
+    LlamaModel,
+    ModelConfig,
+    Segment,
+    next_token,
+)
 from hicache_storage.errors import ConfigError, HostPoolError, InvalidValueError
 from hicache_storage.kernels import DevicePool
 
@@ -176,6 +182,33 @@ def test_decodes_of_different_contexts_batched_around_a_prefill_equal_the_oracle
     for prompt, n, got in zip(prompts, new, every, strict=True):
         oracle = model.forward_no_cache(torch.tensor(prompt))
         torch.testing.assert_close(got, oracle[-n:], atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("new", [1, 3, 5, 64, GRAPH_TOKENS[-1]])
+def test_static_buffers_padded_to_a_graph_size_give_the_eager_logits(
+    model: LlamaModel, new: int
+) -> None:
+    """The CUDA-graph path's buffers and padding (run without graphs on a CPU) change nothing."""
+    padded = LlamaModel(model.config, graphs=True)
+    size = 2 * GRAPH_TOKENS[-1] + 8
+    prompt = random_tokens(PAGE + new, seed=60 + new)
+
+    def run(m: LlamaModel) -> list[torch.Tensor]:
+        pool = make_pool(m.config, size)
+        slots = torch.randperm(size, generator=torch.Generator().manual_seed(new))[: len(prompt)]
+        all_logits(m, pool, prompt[:PAGE], slots[:PAGE])
+        decodes = [segment([prompt[i]], slots[: i + 1]) for i in range(2, 5)]
+        batch = [*decodes[: new % 3], segment(prompt[PAGE:], slots)]
+        # A size past the largest graph takes the eager path and must not disturb the buffers.
+        long = random_tokens(size - 8, seed=1)
+        m.forward([segment(long, torch.arange(size - 8))], make_pool(m.config, size))
+        return m.forward(batch, pool, all_logits=True)
+
+    eager, buffered = run(model), run(padded)
+    for got, expected in zip(buffered, eager, strict=True):
+        torch.testing.assert_close(got, expected, atol=ATOL, rtol=RTOL)
+    oracle = model.forward_no_cache(torch.tensor(prompt))
+    torch.testing.assert_close(buffered[-1], oracle[PAGE:], atol=ATOL, rtol=RTOL)
 
 
 def test_forward_reads_the_prefix_from_the_pool(model: LlamaModel) -> None:
