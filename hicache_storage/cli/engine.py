@@ -28,6 +28,7 @@ from .options import backend_options, writable_file
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.table import Table
 
 __all__ = ["engine_group", "render"]
 
@@ -47,11 +48,10 @@ def _ms(seconds: float | None) -> str:
 
 def render(result: BenchResult, console: Console) -> None:
     """Print ``result``: tokens and traffic, latency and loads, then mean TTFT by round."""
-    from rich.table import Table
-
     config = result.config
     runs = [run for run in result.runs if run.repeat == 0]
-    tokens = Table(
+    tokens = _table(
+        ("L1 hit", "L2 hit", "L3 hit", "computed", "reused", "forwards"),
         title=(
             f"hicache engine bench: {config.workload}, {config.model} on {config.device}, "
             f"backend {config.backend}, {runs[0].requests} requests"
@@ -62,9 +62,6 @@ def render(result: BenchResult, console: Console) -> None:
             f"({approx_size(result.host_pool_bytes)}); same: outputs equal to no-cache's"
         ),
     )
-    tokens.add_column("config", no_wrap=True)
-    for column in ("L1 hit", "L2 hit", "L3 hit", "computed", "reused", "forwards"):
-        tokens.add_column(column, justify="right")
     tokens.add_column("same", justify="center")
     for run in runs:
         tokens.add_row(
@@ -79,13 +76,11 @@ def render(result: BenchResult, console: Console) -> None:
         )
     console.print(tokens)
 
-    latency = Table(
+    latency = _table(
+        ("TTFT mean", "p50", "p90", "p99", "out tok/s", "all tok/s", "wall s"),
         title="latency and throughput",
         caption="TTFT in ms; tok/s over the run's wall time (out: generated, all: with prompts)",
     )
-    latency.add_column("config", no_wrap=True)
-    for column in ("TTFT mean", "p50", "p90", "p99", "out tok/s", "all tok/s", "wall s"):
-        latency.add_column(column, justify="right")
     for run in runs:
         latency.add_row(
             run.name,
@@ -103,7 +98,8 @@ def render(result: BenchResult, console: Console) -> None:
     _render_parts(result, console)
     _render_steps(runs, console)
 
-    loads = Table(
+    loads = _table(
+        ("L3 read", "L3 write", "early", "loads", "load ms", "exp. ms", "µs/layer", "exp. %"),
         title="storage traffic and L2→L1 loads",
         caption=(
             "exp.: load time the forward waited for (all of it on a CPU), per layer loaded "
@@ -111,10 +107,6 @@ def render(result: BenchResult, console: Console) -> None:
             "request waited for storage"
         ),
     )
-    loads.add_column("config", no_wrap=True)
-    columns = ("L3 read", "L3 write", "early", "loads", "load ms", "exp. ms", "µs/layer", "exp. %")
-    for column in columns:
-        loads.add_column(column, justify="right")
     for run in runs:
         per_layer = run.exposed_per_layer_s
         early = run.cache.get("pages_loaded_early", 0) - run.cache.get("early_pages_dropped", 0)
@@ -134,12 +126,10 @@ def render(result: BenchResult, console: Console) -> None:
     rounds = max(len(run.ttft_by_round_s) for run in runs)
     label = "round" if config.workload == "multiturn" else "query"
     repeats = max((summary.repeats for summary in result.summary), default=1)
-    by_round = Table(
-        title=f"mean TTFT (ms) by {label}" + (f", median of {repeats}" if repeats > 1 else "")
+    by_round = _table(
+        [str(i) for i in range(rounds)],
+        title=f"mean TTFT (ms) by {label}" + (f", median of {repeats}" if repeats > 1 else ""),
     )
-    by_round.add_column("config", no_wrap=True)
-    for i in range(rounds):
-        by_round.add_column(str(i), justify="right")
     for summary in result.summary:
         by_round.add_row(
             summary.name, *(_ms(None if t is None else t.median) for t in summary.ttft_by_round_s)
@@ -162,6 +152,17 @@ def render(result: BenchResult, console: Console) -> None:
             )
 
 
+def _table(columns: Sequence[str], *, title: str, caption: str | None = None) -> Table:
+    """Return a table with a ``config`` column, then ``columns`` right-aligned."""
+    from rich.table import Table
+
+    table = Table(title=title, caption=caption)
+    table.add_column("config", no_wrap=True)
+    for column in columns:
+        table.add_column(column, justify="right")
+    return table
+
+
 def _spread(spread: Spread | None, scale: float = 1e3, digits: int = 1) -> str:
     if spread is None:
         return "-"
@@ -173,15 +174,11 @@ def _spread(spread: Spread | None, scale: float = 1e3, digits: int = 1) -> str:
 
 def _render_repeats(result: BenchResult, console: Console) -> None:
     """Print each configuration's median and range over the repeats."""
-    from rich.table import Table
-
-    table = Table(
+    table = _table(
+        ("TTFT mean", "TTFT p90", "all tok/s", "TTFT/bound"),
         title=f"over {max(s.repeats for s in result.summary)} repeats: median (range)",
         caption="TTFT in ms; all tok/s with prompts",
     )
-    table.add_column("config", no_wrap=True)
-    for column in ("TTFT mean", "TTFT p90", "all tok/s", "TTFT/bound"):
-        table.add_column(column, justify="right")
     for summary in result.summary:
         table.add_row(
             summary.name,
@@ -195,8 +192,6 @@ def _render_repeats(result: BenchResult, console: Console) -> None:
 
 def _render_parts(result: BenchResult, console: Console) -> None:
     """Print where each configuration's mean time to first token went, beside its bound."""
-    from rich.table import Table
-
     rates = result.rates
     caption = "mean ms per request; bound: its L3 bytes at the raw parallel read rate"
     if rates is not None:
@@ -207,10 +202,11 @@ def _render_parts(result: BenchResult, console: Console) -> None:
             f" GB/s) + its suffix at {'-' if per_token is None else f'{per_token * 1e6:.1f}'}"
             " µs a token"
         )
-    table = Table(title="where the time to first token went", caption=caption)
-    table.add_column("config", no_wrap=True)
-    for column in ("L3 query", "L3 read", "queue", "L2→L1", "compute", "TTFT", "bound", "ratio"):
-        table.add_column(column, justify="right")
+    table = _table(
+        ("L3 query", "L3 read", "queue", "L2→L1", "compute", "TTFT", "bound", "ratio"),
+        title="where the time to first token went",
+        caption=caption,
+    )
     summaries = result.summary
     for summary in summaries:
         first = result.run(summary.name)
@@ -227,9 +223,8 @@ def _render_parts(result: BenchResult, console: Console) -> None:
 
 def _render_steps(runs: Sequence[RunResult], console: Console) -> None:
     """Print where each configuration's scheduler thread spent the run (first repeat)."""
-    from rich.table import Table
-
-    table = Table(
+    table = _table(
+        ("steps", "forward", "exp. load", "admit", "poll", "release", "host wait", "idle"),
         title="the scheduler's thread, seconds",
         caption=(
             "forward: the model's forwards (exp. load: of which waiting for L2→L1 copies); "
@@ -239,10 +234,6 @@ def _render_steps(runs: Sequence[RunResult], console: Console) -> None:
             "included)"
         ),
     )
-    table.add_column("config", no_wrap=True)
-    columns = ("steps", "forward", "exp. load", "admit", "poll", "release", "host wait", "idle")
-    for column in columns:
-        table.add_column(column, justify="right")
     for run in runs:
         steps = run.steps
         forward = sum(s.forward_s for s in steps)

@@ -392,15 +392,24 @@ def test_reads_start_inside_the_forward_that_runs_when_a_query_answers(
     cache.close()
 
 
+def served_with_reads_held(
+    prompt: list[int], reading_pays: tuple[Gated, TierCache, Scheduler]
+) -> Request:
+    """Serve ``prompt`` while the store holds every read: its fetch is cut, its pages computed."""
+    backend, _, scheduler = reading_pays
+    backend.read_gate.clear()
+    request = scheduler.submit(Request(prompt, 4))
+    run(scheduler, request)  # finishes while its read is held
+    return request
+
+
 def test_a_slow_store_is_not_waited_for_and_its_cut_fetch_hands_back_its_slots(
     stored: tuple[StorageBackend, list[int], list[int]],
     reading_pays: tuple[Gated, TierCache, Scheduler],
 ) -> None:
     _, prompt, expected = stored
     backend, cache, scheduler = reading_pays
-    backend.read_gate.clear()
-    request = scheduler.submit(Request(prompt, 4))
-    run(scheduler, request)  # finishes while its read is held
+    request = served_with_reads_held(prompt, reading_pays)
     assert backend.reading.is_set(), "the first read is how the store's speed is learnt"
     assert request.output == expected
     assert request.storage_hit == 0 and request.computed == len(prompt)
@@ -422,10 +431,8 @@ def test_pages_recomputed_over_a_cut_fetch_are_known_stored_and_not_written_agai
     reading_pays: tuple[Gated, TierCache, Scheduler],
 ) -> None:
     _, prompt, expected = stored
-    backend, cache, scheduler = reading_pays
-    backend.read_gate.clear()
-    request = scheduler.submit(Request(prompt, 4))
-    run(scheduler, request)  # the fetch is cut: the request computes pages storage holds
+    backend, cache, _ = reading_pays
+    request = served_with_reads_held(prompt, reading_pays)  # computes pages storage holds
     assert request.storage_hit == 0 and request.output == expected
     pages = (len(prompt) - 1) // PAGE
     assert cache.stats.pages_known_stored == pages
