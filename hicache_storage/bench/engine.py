@@ -50,7 +50,7 @@ from hicache_storage.engine.scheduler import Request, StepRecord
 from hicache_storage.engine.workloads import Conversation, DocumentQueries, MultiTurn, Turn
 from hicache_storage.errors import ConfigError, MissingDependencyError, UnsupportedOperationError
 from hicache_storage.factory import create_backend
-from hicache_storage.kit.options import positive_int
+from hicache_storage.kit.options import positive_int, share
 from hicache_storage.redact import redact_options
 
 __all__ = [
@@ -183,7 +183,7 @@ class BenchConfig:
     read_delay_s
         Seconds the fault layer adds before every ``batch_get_v1`` of the storage backend: a
         slow store, to see that the prefetch policy does not wait for it.
-    transfer_sms, early_loads
+    transfer_sms, early_loads, write_backlog
         The cache's options of those names (:class:`~hicache_storage.engine.cache.CacheConfig`).
     """
 
@@ -215,6 +215,7 @@ class BenchConfig:
     read_delay_s: float | None = None
     transfer_sms: int | None = 16
     early_loads: bool = False
+    write_backlog: float = 0.25
 
     def __post_init__(self) -> None:
         if self.model not in _MODELS:
@@ -253,6 +254,7 @@ class BenchConfig:
             positive_int("transfer_sms", self.transfer_sms, ConfigError)
         if not isinstance(self.early_loads, bool):
             raise ConfigError(f"early_loads must be a bool, got {self.early_loads!r}")
+        share("write_backlog", self.write_backlog, ConfigError)
         if self.read_delay_s is not None and not 0 <= self.read_delay_s < math.inf:
             raise ConfigError(f"read_delay_s must be a finite number >= 0, got {self.read_delay_s}")
         if self.arrival_rate is not None and not self.arrival_rate > 0:
@@ -765,6 +767,7 @@ def _build_cache(config: BenchConfig, name: str, backend: StorageBackend | None)
         prefetch_policy=PrefetchPolicy(config.prefetch_policy),
         transfer_sms=config.transfer_sms,
         early_loads=config.early_loads,
+        write_backlog=config.write_backlog,
     )
     return build_cache(
         config.model_config(),

@@ -383,6 +383,12 @@ def engine_group() -> None:
     help="Copy a waiting request's fetched pages to the device as they arrive (default off).",
 )
 @click.option(
+    "--write-backlog",
+    type=click.FloatRange(min=0, max=1, min_open=True),
+    help="Share of the host pool that pages waiting to be written may hold before the writer "
+    "hurries (default 0.25; 1 hurries only when room has to wait).",
+)
+@click.option(
     "--json",
     "json_path",
     metavar="FILE",

@@ -26,6 +26,7 @@ __all__ = [
     "check_port",
     "check_seconds",
     "positive_int",
+    "share",
 ]
 
 MAX_TIMEOUT_S = 3600.0
@@ -129,6 +130,13 @@ def positive_int(
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise error(f"{name} must be a positive {noun}, got {value!r}")
     return value
+
+
+def share(name: str, value: object, error: Callable[[str], Exception] = ValueError) -> float:
+    """Return ``value`` if it is a number in ``(0, 1]``; else raise ``error`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise error(f"{name} must be a number in (0, 1], got {value!r}")
+    return float(value)
 
 
 def check_bytes(name: str, value: object, *, minimum: int = 1, maximum: int = MAX_BYTES) -> None:

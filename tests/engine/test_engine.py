@@ -17,6 +17,7 @@ from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.errors import InvalidRequestError
 from hicache_storage.engine.model import LlamaModel, ModelConfig
 from hicache_storage.engine.policies import PrefetchPolicy, WritePolicy
+from hicache_storage.errors import ConfigError
 from hicache_storage.hostpool import MHAHostPool
 from hicache_storage.kernels import DevicePool
 from hicache_storage.keys import namespace_seed
@@ -202,9 +203,9 @@ def test_backups_write_as_many_pages_a_call_as_write_batch_bytes_holds(
         cache = build(256, 256, counting)
         page_bytes = cache.token_bytes * PAGE
         cache.close()
-        options = (
-            {} if pages is None else {"write_batch_bytes": pages * page_bytes + page_bytes // 2}
-        )
+        options: dict[str, Any] = {"write_backlog": 1.0}  # the writer is never hurried
+        if pages is not None:
+            options["write_batch_bytes"] = pages * page_bytes + page_bytes // 2
         cache = build(256, 256, counting, **options)
         run(Engine(model, cache), [list(prompt)])
         assert sum(counting.sets) == cache.stats.pages_stored > 2
@@ -225,13 +226,45 @@ def test_a_host_full_of_unwritten_pages_hurries_the_writer_and_counts_the_wait(
     cache = build(64, 48, counting)
     one_page = cache.token_bytes * PAGE
     cache.close()
-    cache = build(64, 48, counting, write_batch_bytes=one_page)
+    cache = build(64, 48, counting, write_batch_bytes=one_page, write_backlog=1.0)
     assert run(Engine(model, cache), [list(p) for p in prompts]) == expected
     assert cache.stats.host_room_wait_s > 0, "the host pool must have waited for writes"
     assert max(counting.sets) > 1, "a waited-for writer writes several pages a call"
     assert counting.sets.count(1) > 0, "until then it writes a page a call"
     cache.tree.check()
     counting.close()
+
+
+@pytest.mark.parametrize("backlog", [0.1, 1.0])
+def test_a_backlog_past_its_share_of_the_host_hurries_the_writer_before_room_runs_out(
+    model: LlamaModel, backlog: float
+) -> None:
+    """Pages waiting to be written past ``write_backlog`` of the host make the writer go wide.
+
+    The host holds every page here, so no room is ever waited for: only the backlog's share
+    can hurry the writer.
+    """
+    prompts = conversations(rounds=3, clients=4, seed=21)
+    slow = LayerConfig(faults=FaultConfig(ops={"batch_set_v1": FaultRule(delay_s=0.02)}))
+    counting = CountingSets(create_backend("memory", layers=slow))
+    cache = build(512, 1024, counting)
+    one_page = cache.token_bytes * PAGE
+    cache.close()
+    cache = build(512, 1024, counting, write_batch_bytes=one_page, write_backlog=backlog)
+    run(Engine(model, cache), [list(p) for p in prompts])
+    assert cache.stats.host_room_wait_s == 0 and cache.stats.pages_dropped == 0
+    assert sum(counting.sets) == cache.stats.pages_stored > 0
+    if backlog < 1:
+        assert max(counting.sets) > 1, "past its share, the backlog is written several a call"
+    else:
+        assert set(counting.sets) == {1}, "within its share, a page a call"
+    counting.close()
+
+
+def test_write_backlog_is_a_share_of_the_host_pool() -> None:
+    for bad in (0, 1.5, -0.1, True, "0.5", float("nan")):
+        with pytest.raises(ConfigError, match="write_backlog must be a number in"):
+            CacheConfig(PAGE, write_backlog=bad)  # type: ignore[arg-type]
 
 
 def test_background_writes_keep_the_tokens_and_leave_no_thread(
