@@ -381,6 +381,7 @@ class RequestRecord:
     host_hit: int
     storage_hit: int
     output: list[int]
+    storage_found: int = 0
     storage_query_s: float = 0.0
     storage_read_s: float = 0.0
     queue_s: float = 0.0
@@ -483,6 +484,10 @@ class RunResult:
     ttft_over_bound: float | None = None
     steps: list[StepRecord] = field(default_factory=list, repr=False)
     """Every scheduler step, ``started`` in seconds from the run's start."""
+    storage_stats: dict[str, Any] = field(default_factory=dict)
+    """The backend's calls (``ops``: per operation, calls, hits and misses, latency), and what
+    went wrong where anything did (``degraded``: failures the layers turned into misses;
+    ``integrity_failures``); empty without storage."""
 
     @property
     def hit_tokens(self) -> int:
@@ -820,11 +825,13 @@ def _serve(
         # Closed: queued backups are written, so the storage stats are final.
         if torch.device(config.device).type == "cuda":
             torch.cuda.synchronize(config.device)
+        storage = {} if backend is None else _storage_stats(backend.stats())
     finally:
         if backend is not None:
             backend.close()
     result = _summarise(name, description, records, end - start, forwards, cache, cleared)
     result.costs = costs
+    result.storage_stats = storage
     result.steps = [dataclasses.replace(step, started=step.started - start) for step in steps]
     return result
 
@@ -923,6 +930,7 @@ def _drive(
                     host_hit=request.host_hit,
                     storage_hit=request.storage_hit,
                     output=list(request.output),
+                    storage_found=request.storage_found,
                     **{f"{part}_s": parts.get(part, 0.0) for part in PARTS},
                 )
             )
@@ -941,6 +949,16 @@ def _idle(idle: bool, pending: list[Turn], busy: set[int], start: float, now: fl
     due = [start + turn.arrival_s for turn in pending if turn.client not in busy]
     if due:
         time.sleep(min(max(min(due) - now, 0.0), 0.05))
+
+
+def _storage_stats(stats: dict[str, Any]) -> dict[str, Any]:
+    """Keep what a run records of the backend's stats (see :attr:`RunResult.storage_stats`)."""
+    out: dict[str, Any] = {"ops": stats.get("metrics", {}).get("ops", {})}
+    if stats.get("degraded", {}).get("total"):
+        out["degraded"] = stats["degraded"]
+    if stats.get("integrity_failures"):
+        out["integrity_failures"] = stats["integrity_failures"]
+    return out
 
 
 def _percentile(values: Sequence[float], q: float) -> float:

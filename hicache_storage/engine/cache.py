@@ -296,6 +296,10 @@ class CacheStats:
     storage_bytes_written: int = 0
     prefetches: int = 0
     prefetch_pages_cut: int = 0
+    prefetch_priced_out: int = 0
+    """Fetches that read nothing: reading their pages would take longer than computing them."""
+    prefetch_no_room: int = 0
+    """Fetches that read nothing for want of host slots (or of their matched prefix)."""
     storage_misses: int = 0
     backups_failed: int = 0
     backups_refused: int = 0
@@ -619,20 +623,22 @@ class TierCache:
             ):
                 waiting.append((fetch, lookup))
                 continue
-            if (
-                pages < self.config.prefetch_threshold
-                or (
-                    self.config.prefetch_policy is PrefetchPolicy.ADAPTIVE
-                    and not fetch_pays(
-                        pages,
-                        page,
-                        self._queued_pages(None),
-                        self.costs,
-                        in_flight_s_per_page=self._in_flight_s_per_page(),
-                    )
-                )
-                or not self._pin_anchor(lookup)
+            if pages < self.config.prefetch_threshold:
+                self.stats.prefetch_no_room += pages < hits  # else too short to be worth it
+                fetch.cancel()
+                continue
+            if self.config.prefetch_policy is PrefetchPolicy.ADAPTIVE and not fetch_pays(
+                pages,
+                page,
+                self._queued_pages(None),
+                self.costs,
+                in_flight_s_per_page=self._in_flight_s_per_page(),
             ):
+                self.stats.prefetch_priced_out += 1
+                fetch.cancel()
+                continue
+            if not self._pin_anchor(lookup):
+                self.stats.prefetch_no_room += 1
                 fetch.cancel()
                 continue
             host = self._alloc_host(pages * page, stored_only=between_layers)
@@ -640,6 +646,7 @@ class TierCache:
                 waiting.append((fetch, lookup))  # the anchor stays pinned for the step
                 continue
             if host is None:
+                self.stats.prefetch_no_room += 1
                 fetch.cancel()
             elif fetch.assign(host):
                 self._prefetch_held += host.numel()
@@ -1084,6 +1091,11 @@ class TierCache:
         if self._switch_interval is not None:
             sys.setswitchinterval(self._switch_interval)
         self._reap()
+
+    @property
+    def write_backlog_tokens(self) -> int:
+        """Host tokens pinned until the writes queued for them are done."""
+        return self._writing_tokens
 
     @property
     def threads(self) -> tuple[object, ...]:

@@ -71,7 +71,9 @@ class StepRecord:
     ``admit_s`` deciding and admitting (waits for fetches and host room included), ``forward_s``
     the forward (its exposed load included), ``finish_s`` releasing finished requests (their
     write-through copies and any wait for host room). ``host_wait_s`` is the part of the step
-    spent waiting for background writes to free host room.
+    spent waiting for background writes to free host room. ``write_backlog_tokens`` and
+    ``read_s_per_page`` are the host tokens waiting to be written and the measured seconds a
+    storage read takes per page (None: not measured) when the step ended.
     """
 
     started: float
@@ -87,6 +89,8 @@ class StepRecord:
     context_tokens: int
     admitted: int
     loaded_tokens: int
+    write_backlog_tokens: int = 0
+    read_s_per_page: float | None = None
 
 
 class RequestState(enum.Enum):
@@ -131,6 +135,8 @@ class Request:
     device_hit: int = 0
     host_hit: int = 0
     storage_hit: int = 0
+    storage_found: int = 0
+    """Prompt tokens its existence query found in storage (``storage_hit`` came of them)."""
     lookup: Lookup | None = field(default=None, repr=False)
     lease: Lease | None = field(default=None, repr=False)
     computed: int = 0
@@ -464,6 +470,8 @@ class Scheduler:
                     context_tokens=sum(int(segment.slots.numel()) for _, segment, _ in batch),
                     admitted=len(loaded),
                     loaded_tokens=0 if load is None else load.tokens,
+                    write_backlog_tokens=self.cache.write_backlog_tokens,
+                    read_s_per_page=self.cache.costs.read_s_per_page,
                 )
             )
         return [r for r in finished if r.state is RequestState.FINISHED]
@@ -587,6 +595,8 @@ class Scheduler:
             request.device_hit = lease.device_hit
             request.host_hit = lease.host_hit
             request.storage_hit = lease.storage_hit
+            begin, end = lease.in_storage
+            request.storage_found = end - begin
             request.state = RequestState.PREFILL
             request.admitted_at = self.clock()
             admitted.append(request)

@@ -404,11 +404,12 @@ def served_with_reads_held(
 
 
 def test_a_slow_store_is_not_waited_for_and_its_cut_fetch_hands_back_its_slots(
+    model: LlamaModel,
     stored: tuple[StorageBackend, list[int], list[int]],
     reading_pays: tuple[Gated, TierCache, Scheduler],
 ) -> None:
     _, prompt, expected = stored
-    backend, cache, scheduler = reading_pays
+    backend, cache, _ = reading_pays
     request = served_with_reads_held(prompt, reading_pays)
     assert backend.reading.is_set(), "the first read is how the store's speed is learnt"
     assert request.output == expected
@@ -418,12 +419,26 @@ def test_a_slow_store_is_not_waited_for_and_its_cut_fetch_hands_back_its_slots(
     backend.read_gate.set()
     wait_slots_back(cache, "the cut fetch's")
     reads = backend.reads
-    assert cache.costs.read_s_per_page is not None
-    # Now the store is known to be slow: a request it could serve reads nothing at all.
-    again = scheduler.submit(Request([*prompt[:120], 3, 4, 5, 6, 7], 4))
-    run(scheduler, again)
-    assert again.storage_hit == 0 and backend.reads == reads
-    assert unaccounted(cache) == 0
+    slow = cache.costs.read_s_per_page
+    assert slow is not None
+    # Now the store is known to be slow: a cache that knows so (and holds nothing of the
+    # prompt itself) reads nothing of what storage could serve it.
+    known = adaptive_cache(backend)
+    known.costs.observe_forward(1000, 1.0)
+    known.costs.observe_read(1, slow)
+    known.costs.observe_query(1e-4, asked=1, found=1)  # quick: asked inline, answered at once
+    again_scheduler = Scheduler(model, known)
+    try:
+        again = again_scheduler.submit(Request(list(prompt), 4))
+        run(again_scheduler, again)
+        assert again.output == expected
+        assert again.storage_hit == 0 and backend.reads == reads
+        assert again.storage_found >= len(prompt) // PAGE * PAGE - PAGE, "found, not read"
+        assert known.stats.prefetch_priced_out == 1 and known.stats.prefetch_no_room == 0
+        assert unaccounted(known) == 0
+    finally:
+        again_scheduler.close()
+        known.close()
 
 
 def test_pages_recomputed_over_a_cut_fetch_are_known_stored_and_not_written_again(

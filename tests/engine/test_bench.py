@@ -298,6 +298,32 @@ def test_every_forward_is_a_step_that_says_where_the_scheduler_spent_it(
         assert loaded == run.cache["pages_loaded"] * SMALL.page_size
         assert sum(s.exposed_load_s for s in steps) == pytest.approx(run.exposed_load_s)
         assert sum(s.host_wait_s for s in steps) <= run.cache["host_room_wait_s"] + 1e-9
+        if run.name != "L1+L2+L3":
+            assert all(s.write_backlog_tokens == 0 for s in steps)
+            assert all(s.read_s_per_page is None for s in steps)
+    stored = memory_result.run("L1+L2+L3")
+    assert any(s.read_s_per_page for s in stored.steps), "reads were measured as they ran"
+    assert stored.steps[-1].write_backlog_tokens >= 0
+
+
+def test_storage_runs_say_what_their_queries_found_and_what_the_backend_did(
+    memory_result: BenchResult,
+) -> None:
+    for run in memory_result.runs:
+        for record in run.records:
+            assert 0 <= record.storage_hit <= record.storage_found <= record.prompt_tokens
+        if run.name != "L1+L2+L3":
+            assert run.storage_stats == {}
+            assert all(r.storage_found == 0 for r in run.records)
+    stored = memory_result.run("L1+L2+L3")
+    found = sum(r.storage_found for r in stored.records)
+    assert found >= stored.storage_hit_tokens > 0
+    ops = stored.storage_stats["ops"]
+    assert ops["batch_get_v1"]["calls"] > 0 and ops["batch_get_v1"]["hit"] > 0
+    assert ops["batch_set_v1"]["ok"] == stored.cache["pages_stored"]
+    assert "degraded" not in stored.storage_stats, "a healthy store reports no failures"
+    fetches = stored.cache["prefetches"]
+    assert stored.cache["prefetch_priced_out"] + stored.cache["prefetch_no_room"] <= fetches
 
 
 def test_repeats_are_summarised_by_median_and_range() -> None:
