@@ -773,7 +773,12 @@ class TierCache:
             self.tree.unpin_host(lookup.anchor)
 
     def _queued_pages(self, fetch: Prefetch | None) -> float:
-        """Pages each read thread reads before ``fetch`` (None: before a fetch started now)."""
+        """Pages read before ``fetch``'s (None: a fetch started now): the rest of those ahead.
+
+        The read threads take the oldest fetch's batches first, so the pages ahead are read at
+        the store's whole rate (:attr:`CostModel.read_s_per_page
+        <hicache_storage.engine.costs.CostModel.read_s_per_page>`) before this fetch's.
+        """
         still: list[Prefetch] = []
         ahead = 0
         for other in self._reading:
@@ -785,11 +790,10 @@ class TierCache:
             ahead += other.target_pages - other.read_pages
         else:
             self._reading = still
-        threads = 1 if self.io is None else self.io.read_threads
-        return ahead / threads
+        return float(ahead)
 
     def _queued_ahead(self, fetch: Prefetch, state: PrefetchState) -> float:
-        """Pages each read thread reads before ``fetch``: none once it finished or is asking."""
+        """Pages read before ``fetch``'s: none once it finished or while it is asking."""
         if state is PrefetchState.READING:
             return self._queued_pages(fetch)
         if state is PrefetchState.QUERIED:
@@ -797,13 +801,20 @@ class TierCache:
         return 0.0
 
     def _in_flight_s_per_page(self) -> float:
-        """Seconds per page so far of the slowest read call in flight (0 when none runs)."""
+        """Seconds per page so far of the slowest read call in flight, at the store's whole rate.
+
+        The calls in flight run side by side, so the slowest one's seconds per page are shared
+        among them; 0 when none runs.
+        """
         slowest = 0.0
         for fetch in self._reading:
             call_s, call_pages = fetch.call
             if call_pages:
                 slowest = max(slowest, call_s / call_pages)
-        return slowest
+        return slowest / self._calls_in_flight()
+
+    def _calls_in_flight(self) -> int:
+        return 1 if self.io is None else max(1, self.io.reads_in_flight)
 
     def ready(self, lookup: Lookup, *, block_s: float = 0.0, next_step_s: float = 0.0) -> bool:
         """Whether the prefetch policy lets the request be scheduled now.
@@ -844,6 +855,7 @@ class TierCache:
     def _view(self, fetch: Prefetch) -> FetchView:
         state = fetch.state
         call_s, call_pages = fetch.call
+        call_s /= self._calls_in_flight()  # the store's whole rate, as the calls share it
         return FetchView(
             queried=state is not PrefetchState.QUERYING,
             finished=state is PrefetchState.FINISHED,

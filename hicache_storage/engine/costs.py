@@ -6,7 +6,9 @@ a constant: a warm local store reads 8 MiB pages at tens of GB/s, a cold disk or
 one, and prefill of the same model runs at different speeds per device and per batch. So both are
 measured by the engine as it serves: :class:`CostModel` keeps exponentially weighted means of
 
-- seconds a ``batch_get_v1`` call takes per page (the storage read threads report every call);
+- seconds a ``batch_get_v1`` call takes per page over the calls that ran beside it (the storage
+  read threads report every call): the store's whole rate, at which the pages queued ahead of a
+  fetch are read before its own;
 - seconds an existence query takes (``batch_exists``), and the share of the pages it asked for
   that storage held: a request whose query has not answered yet stands to gain that share of
   its pages, so where storage rarely holds what is asked (reuse the host pool serves), nobody
@@ -151,7 +153,7 @@ class CostModel:
 
     @property
     def read_s_per_page(self) -> float | None:
-        """Seconds a read takes per page, with the reads that ran alongside it.
+        """Seconds a page takes at the store's whole rate (a call's share of the calls beside it).
 
         None before the first read returned and once none has for :data:`READ_TTL_S`.
         """

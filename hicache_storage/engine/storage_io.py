@@ -116,11 +116,15 @@ class Prefetch:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._state = PrefetchState.QUERYING
-        self._call_started: float | None = None
-        self._call_pages = 0
+        self._calls: dict[int, tuple[int, float]] = {}
+        """Batches being read: first page -> (end page, when the call started)."""
+        self._arrived: dict[int, tuple[int, int]] = {}
+        """Batches read past the leading run: first page -> (end of what arrived, batch end)."""
+        self._next_page = 0
         self._hit_pages: int | None = None
         self._read_pages = 0
         self._cancelled = False
+        self._stopped = False
 
     @property
     def state(self) -> PrefetchState:
@@ -148,11 +152,12 @@ class Prefetch:
 
     @property
     def call(self) -> tuple[float, int]:
-        """Seconds the read call in flight has run and its pages; ``(0.0, 0)`` when none is."""
+        """Seconds the oldest read call in flight has run and its pages; ``(0.0, 0)`` if none."""
         with self._lock:
-            if self._call_started is None:
+            if not self._calls:
                 return 0.0, 0
-            return time.monotonic() - self._call_started, self._call_pages
+            first, (end, started) = min(self._calls.items(), key=lambda item: item[1][1])
+            return time.monotonic() - started, end - first
 
     def wait_change(self, timeout_s: float) -> None:
         """Block up to ``timeout_s`` until the fetch's state or progress changes."""
@@ -164,7 +169,7 @@ class Prefetch:
         """Stop reading further batches; return the leading pages read (final from now on)."""
         with self._lock:
             self._cancelled = True
-            if self._state in (PrefetchState.QUERYING, PrefetchState.QUERIED):
+            if self._state is not PrefetchState.READING or not self._calls:
                 self._state = PrefetchState.FINISHED
             self._changed.notify_all()
             return self._read_pages
@@ -203,33 +208,55 @@ class Prefetch:
             return True
 
     def _next_batch(self, batch_pages: int) -> tuple[int, int] | None:
-        """Return the next ``[first, end)`` pages to read, or None (and finish) when done."""
+        """Hand out the next ``[first, end)`` pages to read, or None when none is left to read.
+
+        Several read threads may read batches of one fetch at once; the fetch finishes once
+        nothing is left to hand out and no batch is being read.
+        """
         with self._lock:
             assert self._hit_pages is not None
             if self._state is PrefetchState.FINISHED:
                 return None
-            if self._cancelled or self._read_pages >= self._hit_pages:
-                self._state = PrefetchState.FINISHED
-                self._changed.notify_all()
+            if self._cancelled or self._stopped or self._next_page >= self._hit_pages:
+                self._finish_if_idle()
                 return None
-            first = self._read_pages
-            end = min(first + batch_pages, self._hit_pages)
-            self._call_started, self._call_pages = time.monotonic(), end - first
+            first = self._next_page
+            end = self._next_page = min(first + batch_pages, self._hit_pages)
+            self._calls[first] = (end, time.monotonic())
             return first, end
 
-    def _read(self, pages: int, complete: bool) -> None:
-        """Count ``pages`` more pages read; an incomplete batch finishes the fetch."""
+    def _read(self, first: int, pages: int, complete: bool) -> None:
+        """Record the batch at ``first``: its ``pages`` leading pages read, ``complete`` or not.
+
+        Pages count once every page before them has arrived; an incomplete batch ends the
+        fetch's usable run where it failed (batches after it are not used).
+        """
         with self._lock:
-            self._call_started = None
+            end, _ = self._calls.pop(first)
             if not self._cancelled:
-                self._read_pages += pages
+                self._arrived[first] = (first + pages, end)
+                while self._read_pages in self._arrived:
+                    got, stop = self._arrived.pop(self._read_pages)
+                    self._read_pages = got
+                    if got < stop:
+                        break
             if not complete:
-                self._state = PrefetchState.FINISHED
+                self._stopped = True
+            self._finish_if_idle()
             self._changed.notify_all()
 
-    def _fail(self) -> None:
+    def _fail(self, first: int) -> None:
         with self._lock:
-            self._call_started = None
+            self._calls.pop(first, None)
+            self._stopped = True
+            self._finish_if_idle()
+            self._changed.notify_all()
+
+    def _finish_if_idle(self) -> None:
+        """Finish (caller holds the lock) once no batch is read and none will be."""
+        assert self._hit_pages is not None
+        done = self._cancelled or self._stopped or self._next_page >= self._hit_pages
+        if done and not self._calls:
             self._state = PrefetchState.FINISHED
             self._changed.notify_all()
 
@@ -337,7 +364,10 @@ class StorageIO:
         self._objects = object_indices
         self.refused_backups = 0
         self._queries: queue.Queue[object] = queue.Queue()
-        self._reads: queue.Queue[object] = queue.Queue()
+        self._read_order: list[Prefetch] = []
+        """Fetches being read, oldest first: every read thread takes the oldest one's batches."""
+        self._read_ready = threading.Condition()
+        self._calls = 0
         self._writes: queue.PriorityQueue[tuple[int, int, object]] = queue.PriorityQueue(
             write_capacity
         )
@@ -373,7 +403,7 @@ class StorageIO:
 
     @property
     def read_threads(self) -> int:
-        """Fetches read at once."""
+        """Most read calls at once."""
         return len(self._read_threads)
 
     # -- the scheduler's side ---------------------------------------------------------------------
@@ -398,7 +428,13 @@ class StorageIO:
         if self._closed:
             fetch.cancel()
             return
-        self._reads.put(fetch)
+        self._queue_read(fetch)
+
+    @property
+    def reads_in_flight(self) -> int:
+        """Read calls running now."""
+        with self._read_ready:
+            return self._calls
 
     def backup(self, job: Backup) -> bool:
         """Queue ``job``; return False (and count it) when the queue is full or closed."""
@@ -485,14 +521,14 @@ class StorageIO:
         if not self._closed:
             self._closed = True
             # Queries first: a query answering now may still hand its fetch to the readers.
-            for q, threads in (
-                (self._queries, self._query_threads),
-                (self._reads, self._read_threads),
-            ):
-                for _ in threads:
-                    q.put(_STOP)
-                for thread in threads:
-                    thread.join(timeout_s)
+            for _ in self._query_threads:
+                self._queries.put(_STOP)
+            for thread in self._query_threads:
+                thread.join(timeout_s)
+            with self._read_ready:
+                self._read_ready.notify_all()
+            for thread in self._read_threads:
+                thread.join(timeout_s)
             for _ in self._write_threads:  # after every queued backup, whatever its size
                 self._writes.put((sys.maxsize, next(self._write_order), _STOP))
             for thread in self._write_threads:
@@ -520,23 +556,55 @@ class StorageIO:
         if self.costs is not None:
             self.costs.observe_query(seconds, asked=item.pages, found=min(hits, item.pages))
         if item._queried(min(hits, item.pages), seconds):
-            self._reads.put(item)
+            self._queue_read(item)
+
+    def _queue_read(self, fetch: Prefetch) -> None:
+        with self._read_ready:
+            if self._closed:
+                fetch.cancel()
+                return
+            self._read_order.append(fetch)
+            self._read_ready.notify_all()
 
     def _read_loop(self) -> None:
-        while (item := self._reads.get()) is not _STOP:
-            assert isinstance(item, Prefetch)
-            self._read(item)
+        while (work := self._next_read()) is not None:
+            self._read(*work)
 
-    def _read(self, fetch: Prefetch) -> None:
+    def _next_read(self) -> tuple[Prefetch, int, int, int] | None:
+        """Wait for the next batch to read, of the oldest fetch that has one; None once closed.
+
+        Fetches are read in the order their reads began, every thread on the oldest one's
+        batches first: where the store's bandwidth is the limit, the first fetch gets all of it
+        and its request can go while the others read, rather than every fetch ending late
+        together; where a call's latency is the limit, one fetch's batches run side by side.
+        """
+        with self._read_ready:
+            while True:
+                if self._closed:
+                    for fetch in self._read_order:
+                        fetch.cancel()
+                    self._read_order.clear()
+                    return None
+                for fetch in list(self._read_order):
+                    batch = fetch._next_batch(self.read_batch_pages)
+                    if batch is not None:
+                        self._calls += 1
+                        return fetch, *batch, self._calls
+                    if fetch.state is PrefetchState.FINISHED:
+                        self._read_order.remove(fetch)
+                self._read_ready.wait()
+
+    def _read(self, fetch: Prefetch, first: int, end: int, calls: int) -> None:
+        """Read pages ``[first, end)`` of ``fetch``; ``calls`` were in flight as it started.
+
+        The cost model gets the call's seconds per page over the calls that ran beside it:
+        the store's whole rate, which is what a fetch queued behind others is read at.
+        """
         kpp, page = fetch.keys_per_page, fetch.page_size
         host = fetch.host_indices
         assert host is not None
-        while (batch := fetch._next_batch(self.read_batch_pages)) is not None:
-            if self._closed:
-                fetch.cancel()
-                continue
-            first, end = batch
-            began = time.monotonic()
+        began = time.monotonic()
+        try:
             try:
                 self._check_pool()
                 got = self.backend.batch_get_v1(
@@ -545,12 +613,18 @@ class StorageIO:
                 )
             except Exception as exc:  # noqa: BLE001 - a miss of the rest (a bug: check())
                 self._failed(f"read of {end - first} pages", exc)
-                fetch._fail()
+                fetch._fail(first)
                 return
             if self.costs is not None:
-                self.costs.observe_read(end - first, time.monotonic() - began)
+                with self._read_ready:
+                    beside = (calls + self._calls) / 2
+                self.costs.observe_read(end - first, (time.monotonic() - began) / beside)
             ok_keys = next((i for i, ok in enumerate(got) if not ok), len(got))
-            fetch._read(ok_keys // kpp, ok_keys == len(got) == (end - first) * kpp)
+            fetch._read(first, ok_keys // kpp, ok_keys == len(got) == (end - first) * kpp)
+        finally:
+            with self._read_ready:
+                self._calls -= 1
+                self._read_ready.notify_all()
 
     def _check_pool(self) -> None:
         """Raise :class:`HostPoolError` if the backend's registered pool is not the caller's."""

@@ -475,7 +475,10 @@ def test_an_unmeasured_store_is_probed_by_one_fetch_at_a_time(
     for request in (first, second):
         run(scheduler, request)  # both served while the first read is held
         assert request.output == expected and request.storage_hit == 0
-    assert backend.reads == 1, "the second fetch waited for the first read to measure the store"
+    batches = -(-len(prompt) // (PAGE * cache.config.read_batch_pages))
+    assert 1 <= backend.reads <= batches, (
+        "only the first fetch's batches were read: the second waited for them to measure the store"
+    )
     backend.read_gate.set()
     wait_slots_back(cache, "the probe's")
     assert cache.costs.read_s_per_page is not None

@@ -211,7 +211,7 @@ def test_prefetch_of_no_stored_page_finishes_without_reading(
 def test_prefetch_reads_in_batches_and_shows_its_progress(
     make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
 ) -> None:
-    io, spy = make_io(slowed("batch_get_v1", 0.1), read_batch_pages=2)
+    io, spy = make_io(slowed("batch_get_v1", 0.1), read_batch_pages=2, read_threads=1)
     src = store(io, pool, keys(6), first_page=0)
     dst = slots(10, 6)
     fetch = Prefetch(keys(6), 1, dst, PAGE)
@@ -227,10 +227,11 @@ def test_prefetch_reads_in_batches_and_shows_its_progress(
     assert pages(pool, dst) == pages(pool, src)
 
 
+@pytest.mark.parametrize("threads", [1, 3])
 def test_cancel_mid_read_stops_further_batches_and_returns_the_prefix_read(
-    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool, threads: int
 ) -> None:
-    io, spy = make_io(slowed("batch_get_v1", 0.05), read_batch_pages=1)
+    io, spy = make_io(slowed("batch_get_v1", 0.05), read_batch_pages=1, read_threads=threads)
     src = store(io, pool, keys(8), first_page=0)
     dst = slots(10, 8)
     fetch = Prefetch(keys(8), 1, dst, PAGE)
@@ -240,11 +241,109 @@ def test_cancel_mid_read_stops_further_batches_and_returns_the_prefix_read(
     assert 2 <= read < 8
     finished(fetch)
     calls = len(spy.gets)
-    assert calls <= read + 1, "at most the batch in flight at the cancel ran after it"
+    assert calls <= read + threads, "at most the batches in flight at the cancel ran after it"
     time.sleep(0.15)
     assert len(spy.gets) == calls and fetch.read_pages == read, "the prefix is final"
     assert pages(pool, dst)[:read] == pages(pool, src)[:read]
     assert fetch.cancel() == read
+
+
+class Staggered(ForwardingBackend):
+    """Hold the read calls whose first key is in ``held`` until ``release`` is set."""
+
+    def __init__(self, inner: StorageBackend, held: set[str]) -> None:
+        super().__init__(inner)
+        self.held = held
+        self.release = threading.Event()
+        self.calls: list[str] = []
+        self.lock = threading.Lock()
+
+    def batch_get_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        with self.lock:
+            self.calls.append(keys[0])
+        if keys[0] in self.held:
+            assert self.release.wait(WAIT_S), "the test never released the held read"
+        return self.inner.batch_get_v1(keys, host_indices)
+
+
+def staggered_io(
+    pool: MHAHostPool, held: set[str], **options: Any
+) -> tuple[StorageIO, Staggered, StorageBackend]:
+    memory = create_backend("memory")
+    memory.register_host_pool(pool)
+    backend = Staggered(memory, held)
+    return StorageIO(backend, **options), backend, memory
+
+
+def test_batches_of_one_fetch_are_read_side_by_side_and_count_in_order(
+    pool: MHAHostPool,
+) -> None:
+    """A later batch that arrives first counts only once the pages before it have arrived."""
+    io, backend, memory = staggered_io(pool, {"k0"}, read_batch_pages=2, read_threads=3)
+    try:
+        fill(pool, slots(0, 6), seed=4)
+        assert memory.batch_set_v1(keys(6), slots(0, 6)) == [True] * 6
+        fetch = Prefetch(keys(6), 1, slots(10, 6), PAGE)
+        io.prefetch(fetch)
+        wait_until(lambda: len(backend.calls) == 3, "all three batches in flight")
+        time.sleep(0.05)  # the second and third batches return meanwhile
+        assert fetch.read_pages == 0, "nothing counts before the first batch has arrived"
+        assert fetch.state is PrefetchState.READING
+        backend.release.set()
+        finished(fetch)
+        assert fetch.read_pages == 6 and sorted(backend.calls) == ["k0", "k2", "k4"]
+        assert pages(pool, slots(10, 6)) == pages(pool, slots(0, 6))
+    finally:
+        backend.release.set()
+        io.close()
+
+
+def test_the_oldest_fetch_is_read_first(pool: MHAHostPool) -> None:
+    """Every read thread takes the oldest fetch's batches before a younger fetch's."""
+    io, backend, memory = staggered_io(pool, {"a0"}, read_batch_pages=1, read_threads=2)
+    try:
+        fill(pool, slots(0, 6), seed=8)
+        assert memory.batch_set_v1([*keys(4, "a"), *keys(2, "b")], slots(0, 6)) == [True] * 6
+        old = Prefetch(keys(4, "a"), 1, slots(10, 4), PAGE)
+        io.prefetch(old)
+        wait_until(lambda: "a1" in backend.calls, "the old fetch's first two batches")
+        young = Prefetch(keys(2, "b"), 1, slots(20, 2), PAGE)
+        io.prefetch(young)
+        wait_until(lambda: len(backend.calls) >= 4, "the old fetch's other batches")
+        assert backend.calls[:4] == ["a0", "a1", "a2", "a3"], "the young fetch waited its turn"
+        backend.release.set()
+        for fetch in (old, young):
+            finished(fetch)
+        assert old.read_pages == 4 and young.read_pages == 2
+        assert backend.calls[4:] == ["b0", "b1"]
+    finally:
+        backend.release.set()
+        io.close()
+
+
+def test_a_failed_batch_ends_the_run_even_when_later_batches_arrive(pool: MHAHostPool) -> None:
+    io, backend, memory = staggered_io(pool, {"k2"}, read_batch_pages=2, read_threads=3)
+    try:
+        src = slots(0, 6)
+        fill(pool, src, seed=12)
+        present = [0, 1, 2, 4, 5]  # page 3 is not stored
+        stored = memory.batch_set_v1([f"k{i}" for i in present], src.view(6, PAGE)[present].ravel())
+        assert stored == [True] * 5
+        fetch = Prefetch(keys(6), 1, slots(10, 6), PAGE)
+        fetch._queried(6, 0.0)  # as if the query had found all six (page 3 vanished since)
+        io.read(fetch)
+        wait_until(lambda: fetch.read_pages == 2 and "k4" in backend.calls, "batches 1 and 3")
+        time.sleep(0.05)  # the third batch returns while the second is held
+        assert fetch.read_pages == 2 and fetch.state is PrefetchState.READING
+        backend.release.set()
+        finished(fetch)
+        assert fetch.read_pages == 3, "page 2 arrived; page 3 is missing, so 4-5 do not count"
+        assert pages(pool, slots(10, 3)) == pages(pool, src)[:3]
+    finally:
+        backend.release.set()
+        io.close()
 
 
 def test_cancel_while_querying_finishes_at_once(
