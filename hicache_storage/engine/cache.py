@@ -1290,12 +1290,14 @@ class TierCache:
             return 0
         lookup.fetch = None
         page = self.config.page_size
-        finished = fetch.state is PrefetchState.FINISHED
+        # Ended on its own: every page storage claimed was tried, the rest failed to read.
+        # Cancelled (its reads stopped, or priced out or refused room before any): cut.
+        failed = fetch.state is PrefetchState.FINISHED and not fetch.cancelled
         read = fetch.cancel()
         short = max((fetch.hit_pages or 0) - read, 0)
-        if finished:  # every page storage claimed was tried: the rest failed to read
+        if failed:
             self.stats.storage_misses += short
-        else:  # the prefetch policy stopped waiting
+        else:
             self.stats.prefetch_pages_cut += short
         anchor = lookup.anchor
         tokens = read * page

@@ -15,7 +15,10 @@ measured by the engine as it serves: :class:`CostModel` keeps exponentially weig
   waits for the answer;
 - seconds a forward takes, fitted as a fixed part plus a part per token it computes: what
   recomputing ``n`` more tokens in a batch costs is the per-token part (the marginal cost), not a
-  forward's mean time per token, which small forwards inflate with their fixed part.
+  forward's mean time per token, which small forwards inflate with their fixed part;
+- requests per forward: every request in a batch waits for the batch's forward, so recomputing a
+  request's pages costs that many times their compute (:meth:`CostModel.recompute_cost_s`), while
+  waiting for its reads delays that request alone.
 
 Every estimate is None until its first sample: the policy then treats what it cannot price as
 free to try but bounded by what recomputing costs, so a store is never waited on for longer than
@@ -115,6 +118,7 @@ class CostModel:
         self._found = _Mean(weight)
         self._fit = _Fit(_FIT_DECAY)
         self._forward = _Mean(weight)
+        self._sharing = _Mean(weight)
 
     # -- samples ----------------------------------------------------------------------------------
 
@@ -136,15 +140,17 @@ class CostModel:
                 if asked > 0:
                     self._found.add(min(max(found, 0), asked) / asked)
 
-    def observe_forward(self, tokens: int, seconds: float) -> None:
-        """Record a forward that computed ``tokens`` new tokens in ``seconds``.
+    def observe_forward(self, tokens: int, seconds: float, *, requests: int = 1) -> None:
+        """Record a forward of ``requests`` requests that computed ``tokens`` new tokens.
 
         Recompute is priced once a forward of at least 16 tokens was seen (decode steps alone
-        say nothing about prefill); every forward counts toward the fit and :attr:`forward_s`.
+        say nothing about prefill); every forward counts toward the fit, :attr:`forward_s` and
+        :attr:`sharing`.
         """
         if seconds < 0 or tokens < 1:
             return
         with self._lock:
+            self._sharing.add(max(requests, 1))
             self._forward.add(seconds)
             self._fit.add(tokens, seconds)
             self._fit.large = self._fit.large or tokens >= _PREFILL_TOKENS
@@ -203,6 +209,21 @@ class CostModel:
         rate = self.compute_s_per_token
         return None if rate is None else rate * tokens
 
+    @property
+    def sharing(self) -> float:
+        """Requests a forward serves, on the mean (1.0 before any forward was measured)."""
+        with self._lock:
+            return self._sharing.value or 1.0
+
+    def recompute_cost_s(self, tokens: int) -> float | None:
+        """Seconds that prefilling ``tokens`` tokens costs the requests sharing its forwards.
+
+        Each of the :attr:`sharing` requests of the batch waits as long for the forward as the
+        one whose pages are recomputed; None before a forward was measured.
+        """
+        own = self.recompute_s(tokens)
+        return None if own is None else own * self.sharing
+
     def snapshot(self) -> dict[str, float | None]:
         """Return the current estimates by name (for a benchmark's record)."""
         return {
@@ -211,4 +232,5 @@ class CostModel:
             "found_share": self.found_share,
             "compute_s_per_token": self.compute_s_per_token,
             "forward_s": self.forward_s,
+            "sharing": self.sharing,
         }

@@ -182,13 +182,16 @@ def fetch_pays(
 ) -> bool:
     """Whether reading ``pages`` pages (after ``queued_pages`` queued ahead) beats computing them.
 
+    Computing them costs every request of the batch its forward time
+    (:meth:`CostModel.recompute_cost_s`); reading them delays only the request that waits.
+
     ``in_flight_s_per_page`` is the slowest read call in flight's seconds so far per page: a
     lower bound on the store's speed before any call has returned (a store that answers in a
     second is known to be slow long before its first answer). True while both are unmeasured:
     the first reads are how the store's speed is learnt, and :func:`adaptive_wait_s` bounds what
     a request waits for them.
     """
-    recompute = costs.recompute_s(pages * page_size)
+    recompute = costs.recompute_cost_s(pages * page_size)
     per_page = max(costs.read_s_per_page or 0.0, in_flight_s_per_page)
     if recompute is None or per_page == 0.0:
         return True
@@ -205,11 +208,13 @@ def adaptive_wait_s(
 ) -> float | None:
     """Decide for ``adaptive``: None to schedule the request now, else the seconds to wait.
 
-    Scheduling now costs recomputing the pages not yet read; waiting costs the time until they
-    have arrived, or, when that is longer than the scheduler can block (``block_s``), the time
-    to the next step (``next_step_s``) as well. The request waits only while waiting is the
-    cheaper, and never longer in all than it would take to recompute every page it is after, so
-    a slow or unmeasured store makes it no slower than recompute (up to that bound). Before a
+    Scheduling now costs recomputing the pages not yet read, in the forwards that every request
+    of the batch waits for (:meth:`CostModel.recompute_cost_s`); waiting costs the time until
+    they have arrived, or, when that is longer than the scheduler can block (``block_s``), the
+    time to the next step (``next_step_s``) as well, and delays this request alone. The request
+    waits only while waiting is the cheaper, and never longer in all than recomputing every page
+    it is after would cost the batch, so a slow or unmeasured store costs the batch no more than
+    recompute would (up to that bound). Before a
     forward has been measured, recompute cannot be priced and the request is scheduled at once.
     While the existence query has not answered, the gain is the share of its pages queries have
     been finding (:attr:`CostModel.found_share`): where storage rarely holds what is asked, no
@@ -230,7 +235,7 @@ def adaptive_wait_s(
     """
     if view.finished:
         return None
-    per_page = costs.recompute_s(page_size)
+    per_page = costs.recompute_cost_s(page_size)
     if per_page is None:
         return None
     gain = (view.target_pages - view.read_pages) * per_page

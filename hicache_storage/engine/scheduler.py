@@ -436,7 +436,9 @@ class Scheduler:
             for request in loaded:
                 request.load_s += exposed
         if measured:  # what computing costs here prices recompute for the prefetch policy
-            self.cache.costs.observe_forward(sum(n for _, _, n in batch), seconds)
+            self.cache.costs.observe_forward(
+                sum(n for _, _, n in batch), seconds, requests=len(batch)
+            )
         self.forwards += 1
         now = self.clock()
         finished: list[Request] = []

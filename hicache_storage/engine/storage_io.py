@@ -151,6 +151,12 @@ class Prefetch:
             return self.pages if self._hit_pages is None else self._hit_pages
 
     @property
+    def cancelled(self) -> bool:
+        """Whether :meth:`cancel` was called (the fetch did not end on its own)."""
+        with self._lock:
+            return self._cancelled
+
+    @property
     def call(self) -> tuple[float, int]:
         """Seconds the oldest read call in flight has run and its pages; ``(0.0, 0)`` if none."""
         with self._lock:

@@ -38,12 +38,14 @@ from ._child import CONFIG, PAGE, build_cache, serve, stored_prompt
 WAIT_S = 10.0
 
 
-def costs(*, read_s_per_page: float | None, compute_s_per_token: float | None) -> CostModel:
+def costs(
+    *, read_s_per_page: float | None, compute_s_per_token: float | None, requests: int = 1
+) -> CostModel:
     model = CostModel(weight=1.0)
     if read_s_per_page is not None:
         model.observe_read(10, read_s_per_page * 10)
     if compute_s_per_token is not None:
-        model.observe_forward(100, compute_s_per_token * 100)
+        model.observe_forward(100, compute_s_per_token * 100, requests=requests)
     return model
 
 
@@ -73,8 +75,9 @@ def test_cost_model_knows_nothing_before_its_first_sample() -> None:
         "found_share": 1.0,
         "compute_s_per_token": None,
         "forward_s": None,
+        "sharing": 1.0,
     }
-    assert model.recompute_s(100) is None
+    assert model.recompute_s(100) is None and model.recompute_cost_s(100) is None
 
 
 def test_the_share_queries_find_follows_them_down_to_its_floor() -> None:
@@ -122,6 +125,26 @@ def test_recompute_is_priced_at_the_marginal_cost_of_a_token() -> None:
     assert model.compute_s_per_token == pytest.approx(1e-4)
     assert model.recompute_s(1000) == pytest.approx(0.1)
     assert model.forward_time_s(8192) == pytest.approx(0.02 + 0.8192)
+
+
+def test_recompute_costs_every_request_that_shares_its_forward() -> None:
+    model = CostModel(weight=1.0)
+    model.observe_forward(1000, 0.1, requests=4)  # a prefill beside three decodes
+    assert model.sharing == 4.0
+    assert model.recompute_s(1000) == pytest.approx(0.1), "what it costs the request itself"
+    assert model.recompute_cost_s(1000) == pytest.approx(0.4), "what the batch waits in all"
+    model.observe_forward(1000, 0.1)
+    assert model.sharing == 1.0 and model.recompute_cost_s(1000) == pytest.approx(0.1)
+
+
+def test_a_fetch_that_beats_recomputing_for_the_batch_is_read_and_waited_for() -> None:
+    """Reading 10 pages (40 ms) loses to one request's recompute (20 ms), not to four's (80)."""
+    alone = costs(read_s_per_page=4e-3, compute_s_per_token=5e-4)
+    assert not fetch_pays(10, 4, 0, alone) and decide(view(), alone) is None
+    shared = costs(read_s_per_page=4e-3, compute_s_per_token=5e-4, requests=4)
+    assert fetch_pays(10, 4, 0, shared)
+    assert decide(view(), shared) == pytest.approx(0.04)
+    assert decide(view(elapsed_s=0.05), shared) is None, "never longer than the batch's recompute"
 
 
 def test_a_decode_step_times_the_forward_but_does_not_price_prefill() -> None:
@@ -339,6 +362,34 @@ def test_a_fast_store_is_used(
     cache.close()
 
 
+class Vanished(ForwardingBackend):
+    """Storage that answers its queries but whose pages are gone when read."""
+
+    def batch_get_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        return [False] * len(keys)
+
+
+def test_pages_that_fail_to_read_are_the_store_s_misses_not_cuts(
+    model: LlamaModel, stored: tuple[StorageBackend, list[int], list[int]]
+) -> None:
+    memory, prompt, expected = stored
+    cache = adaptive_cache(Vanished(memory))
+    scheduler = Scheduler(model, cache)
+    cache.costs.observe_forward(1000, 1.0)  # reading pays: computing is priced at 1 ms a token
+    try:
+        request = scheduler.submit(Request(prompt, 4))
+        run(scheduler, request)
+        assert request.output == expected and request.storage_hit == 0
+        assert request.storage_found == (len(prompt) - 1) // PAGE * PAGE
+        assert cache.stats.storage_misses * PAGE == request.storage_found
+        assert cache.stats.prefetch_pages_cut == 0
+    finally:
+        scheduler.close()
+        cache.close()
+
+
 def test_reads_start_inside_the_forward_that_runs_when_a_query_answers(
     model: LlamaModel,
     stored: tuple[StorageBackend, list[int], list[int]],
@@ -435,6 +486,8 @@ def test_a_slow_store_is_not_waited_for_and_its_cut_fetch_hands_back_its_slots(
         assert again.storage_hit == 0 and backend.reads == reads
         assert again.storage_found >= len(prompt) // PAGE * PAGE - PAGE, "found, not read"
         assert known.stats.prefetch_priced_out == 1 and known.stats.prefetch_no_room == 0
+        assert known.stats.storage_misses == 0, "a fetch priced out is cut, not a store's miss"
+        assert known.stats.prefetch_pages_cut * PAGE == again.storage_found
         assert unaccounted(known) == 0
     finally:
         again_scheduler.close()
