@@ -1,11 +1,12 @@
 """The storage tier's background threads: existence queries, reads (prefetch) and writes (backup).
 
 The scheduler thread owns the radix tree and the allocators; these threads only move bytes
-between the host pool and the backend and report what they did. A :class:`Prefetch` runs on two
-threads in turn: a query thread asks ``batch_exists`` how many of its pages storage holds, a
-read thread reads those pages in batches into host slots the scheduler allocated. Several
-queries and several fetches run at once (``query_threads``, ``read_threads``), and every call's
-duration goes to a :class:`~hicache_storage.engine.costs.CostModel`. The slots may
+between the host pool and the backend and report what they did. A :class:`Prefetch` runs in two
+stages: a query thread asks ``batch_exists`` how many of its pages storage holds, then the read
+threads read those pages in batches into host slots the scheduler allocated, the oldest fetch's
+batches first and several at once. Several queries run at once (``query_threads``), up to
+``read_threads`` read calls, and every call's duration goes to a
+:class:`~hicache_storage.engine.costs.CostModel`. The slots may
 be given up front, or once the query has answered (:meth:`StorageIO.read`), so that host room is
 taken only for pages storage holds. A
 :class:`Backup` names host slots to write under their keys; the write queue is bounded, and a
@@ -321,8 +322,9 @@ class StorageIO:
         <hicache_storage.hostpool.UnifiedObjectPool.object_indices>`); None when the host pool
         itself is registered.
     query_threads, read_threads
-        Existence queries and fetches in flight at once: one request's fetch does not queue
-        behind another's, and a backend that serves calls concurrently is kept busy.
+        Existence queries and read calls in flight at once. The read threads take the oldest
+        fetch's batches first, several of one fetch at once: its request can go while younger
+        fetches read, and a backend that serves calls concurrently is kept busy.
     write_batch_pages
         Pages per ``batch_set_v1`` call of a backup: background writes move a few pages at a
         time, so they leave the cores and the GIL to the forward and the reads; after
