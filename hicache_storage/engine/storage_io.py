@@ -20,7 +20,6 @@ Nothing here raises into the scheduler: a backend error is a failed page, logged
 from __future__ import annotations
 
 import enum
-import itertools
 import logging
 import os
 import queue
@@ -312,10 +311,7 @@ class StorageIO:
         Pages per ``batch_get_v1`` call of a fetch; smaller batches let a cancelled or timed-out
         fetch stop sooner and let early pages be used sooner.
     write_capacity
-        Most backups waiting at once; beyond it :meth:`backup` refuses. The fewest pages are
-        written first: a small backup (a request's last page) pins its host copy and, by the
-        host's prefix rule, keeps its whole stored prefix from being evicted until it is
-        written, so behind a backlog of large ones it would hold far more room than its own.
+        Most backups waiting at once; beyond it :meth:`backup` refuses.
     object_indices
         Maps host slots of pages to the registered pool's indices of their objects, for a key
         scheme of several objects per page (:meth:`UnifiedObjectPool.object_indices
@@ -376,10 +372,7 @@ class StorageIO:
         """Fetches being read, oldest first: every read thread takes the oldest one's batches."""
         self._read_ready = threading.Condition()
         self._calls = 0
-        self._writes: queue.PriorityQueue[tuple[int, int, object]] = queue.PriorityQueue(
-            write_capacity
-        )
-        self._write_order = itertools.count()
+        self._writes: queue.Queue[object] = queue.Queue(write_capacity)
         self._done: queue.Queue[BackupDone] = queue.Queue()
         self._bugs: queue.Queue[tuple[str, Exception]] = queue.Queue()
         self._closed = False
@@ -450,8 +443,7 @@ class StorageIO:
             self.refused_backups += 1
             return False
         try:
-            pages = len(job.keys) // max(job.keys_per_page, 1)
-            self._writes.put_nowait((pages, next(self._write_order), job))
+            self._writes.put_nowait(job)
         except queue.Full:
             self.refused_backups += 1
             return False
@@ -537,8 +529,8 @@ class StorageIO:
                 self._read_ready.notify_all()
             for thread in self._read_threads:
                 thread.join(timeout_s)
-            for _ in self._write_threads:  # after every queued backup, whatever its size
-                self._writes.put((sys.maxsize, next(self._write_order), _STOP))
+            for _ in self._write_threads:  # after every queued backup
+                self._writes.put(_STOP)
             for thread in self._write_threads:
                 thread.join(timeout_s)
         return self.poll()
@@ -673,7 +665,7 @@ class StorageIO:
         return True
 
     def _write_loop(self) -> None:
-        while (item := self._writes.get()[2]) is not _STOP:
+        while (item := self._writes.get()) is not _STOP:
             assert isinstance(item, Backup)
             try:
                 if item.ready is not None:

@@ -468,28 +468,6 @@ def test_hurry_writes_the_queued_backups_wider_until_the_queue_drains(
     assert pages(pool, dst) == pages(pool, slots(0, 7))
 
 
-def test_queued_backups_are_written_fewest_pages_first(
-    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
-) -> None:
-    """A one-page backup queued behind large ones is written before them (their order kept)."""
-    io, spy = make_io(write_batch_pages=8)
-    spy.gate.clear()
-    fill(pool, slots(0, 16), seed=3)
-    running = Backup(keys(2, "r"), slots(0, 2), "running")
-    large = [Backup(keys(6, f"l{i}"), slots(2 + 6 * i, 6), f"large {i}") for i in range(2)]
-    small = Backup(keys(1, "s"), slots(14, 1), "small")
-    assert io.backup(running)
-    assert spy.entered.wait(WAIT_S)  # the writer holds the first backup
-    assert all(io.backup(job) for job in (*large, small))
-    spy.gate.set()
-    done = poll_all(io, 4)
-    assert [d.backup.ticket for d in done] == ["running", "small", "large 0", "large 1"]
-    assert all(d.stored for d in done)
-    dst = slots(16, 1)
-    assert spy.inner.batch_get_v1(keys(1, "s"), dst) == [True]
-    assert pages(pool, dst) == pages(pool, slots(14, 1))
-
-
 def test_close_writes_every_queued_backup_before_stopping(
     make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
 ) -> None:
