@@ -472,7 +472,6 @@ class TierCache:
         self._fetching: list[tuple[Prefetch, Lookup]] = []
         self._reading: list[Prefetch] = []
         self._writing: dict[int, tuple[Node, frozenset[str]]] = {}
-        self._writing_tokens = 0
         host_size = 0 if host_pool is None else host_pool.size
         self._backlog_tokens = max(config.page_size, int(host_size * config.write_backlog))
         self._write_failed: set[int] = set()
@@ -1107,7 +1106,7 @@ class TierCache:
     @property
     def write_backlog_tokens(self) -> int:
         """Host tokens pinned until the writes queued for them are done."""
-        return self._writing_tokens
+        return sum(len(hashes) for _, hashes in self._writing.values()) * self.config.page_size
 
     @property
     def threads(self) -> tuple[object, ...]:
@@ -1256,8 +1255,7 @@ class TierCache:
             return False
         self.tree.pin_host(node)
         self._writing[node.id] = (node, frozenset(node.hashes))
-        self._writing_tokens += host.numel()
-        if self._writing_tokens > self._backlog_tokens:
+        if self.write_backlog_tokens > self._backlog_tokens:
             self.io.hurry()  # the host fills with pages waiting for storage faster than it drains
         return True
 
@@ -1266,7 +1264,6 @@ class TierCache:
         ticket = done.backup.ticket
         assert isinstance(ticket, int)
         node, hashes = self._writing.pop(ticket)
-        self._writing_tokens -= done.backup.host_indices.numel()
         self.tree.unpin_host(node)
         pages = len(hashes)
         if not done.stored:

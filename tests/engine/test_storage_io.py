@@ -268,82 +268,86 @@ class Staggered(ForwardingBackend):
         return self.inner.batch_get_v1(keys, host_indices)
 
 
-def staggered_io(
-    pool: MHAHostPool, held: set[str], **options: Any
-) -> tuple[StorageIO, Staggered, StorageBackend]:
-    memory = create_backend("memory")
-    memory.register_host_pool(pool)
-    backend = Staggered(memory, held)
-    return StorageIO(backend, **options), backend, memory
+@pytest.fixture
+def staggered(
+    pool: MHAHostPool,
+) -> Iterator[Callable[..., tuple[StorageIO, Staggered, StorageBackend]]]:
+    """Build a StorageIO over a memory store whose reads in ``held`` wait; close it afterwards."""
+    built: list[tuple[StorageIO, Staggered]] = []
+
+    def make(held: set[str], **options: Any) -> tuple[StorageIO, Staggered, StorageBackend]:
+        memory = create_backend("memory")
+        memory.register_host_pool(pool)
+        backend = Staggered(memory, held)
+        io = StorageIO(backend, **options)
+        built.append((io, backend))
+        return io, backend, memory
+
+    yield make
+    for io, backend in built:
+        backend.release.set()
+        io.close()
 
 
 def test_batches_of_one_fetch_are_read_side_by_side_and_count_in_order(
-    pool: MHAHostPool,
+    pool: MHAHostPool, staggered: Callable[..., tuple[StorageIO, Staggered, StorageBackend]]
 ) -> None:
     """A later batch that arrives first counts only once the pages before it have arrived."""
-    io, backend, memory = staggered_io(pool, {"k0"}, read_batch_pages=2, read_threads=3)
-    try:
-        fill(pool, slots(0, 6), seed=4)
-        assert memory.batch_set_v1(keys(6), slots(0, 6)) == [True] * 6
-        fetch = Prefetch(keys(6), 1, slots(10, 6), PAGE)
-        io.prefetch(fetch)
-        wait_until(lambda: len(backend.calls) == 3, "all three batches in flight")
-        time.sleep(0.05)  # the second and third batches return meanwhile
-        assert fetch.read_pages == 0, "nothing counts before the first batch has arrived"
-        assert fetch.state is PrefetchState.READING
-        backend.release.set()
-        finished(fetch)
-        assert fetch.read_pages == 6 and sorted(backend.calls) == ["k0", "k2", "k4"]
-        assert pages(pool, slots(10, 6)) == pages(pool, slots(0, 6))
-    finally:
-        backend.release.set()
-        io.close()
+    io, backend, memory = staggered({"k0"}, read_batch_pages=2, read_threads=3)
+    fill(pool, slots(0, 6), seed=4)
+    assert memory.batch_set_v1(keys(6), slots(0, 6)) == [True] * 6
+    fetch = Prefetch(keys(6), 1, slots(10, 6), PAGE)
+    io.prefetch(fetch)
+    wait_until(lambda: len(backend.calls) == 3, "all three batches in flight")
+    time.sleep(0.05)  # the second and third batches return meanwhile
+    assert fetch.read_pages == 0, "nothing counts before the first batch has arrived"
+    assert fetch.state is PrefetchState.READING
+    backend.release.set()
+    finished(fetch)
+    assert fetch.read_pages == 6 and sorted(backend.calls) == ["k0", "k2", "k4"]
+    assert pages(pool, slots(10, 6)) == pages(pool, slots(0, 6))
 
 
-def test_the_oldest_fetch_is_read_first(pool: MHAHostPool) -> None:
+def test_the_oldest_fetch_is_read_first(
+    pool: MHAHostPool, staggered: Callable[..., tuple[StorageIO, Staggered, StorageBackend]]
+) -> None:
     """Every read thread takes the oldest fetch's batches before a younger fetch's."""
-    io, backend, memory = staggered_io(pool, {"a0"}, read_batch_pages=1, read_threads=2)
-    try:
-        fill(pool, slots(0, 6), seed=8)
-        assert memory.batch_set_v1([*keys(4, "a"), *keys(2, "b")], slots(0, 6)) == [True] * 6
-        old = Prefetch(keys(4, "a"), 1, slots(10, 4), PAGE)
-        io.prefetch(old)
-        wait_until(lambda: "a1" in backend.calls, "the old fetch's first two batches")
-        young = Prefetch(keys(2, "b"), 1, slots(20, 2), PAGE)
-        io.prefetch(young)
-        wait_until(lambda: len(backend.calls) >= 4, "the old fetch's other batches")
-        assert backend.calls[:4] == ["a0", "a1", "a2", "a3"], "the young fetch waited its turn"
-        backend.release.set()
-        for fetch in (old, young):
-            finished(fetch)
-        assert old.read_pages == 4 and young.read_pages == 2
-        assert backend.calls[4:] == ["b0", "b1"]
-    finally:
-        backend.release.set()
-        io.close()
-
-
-def test_a_failed_batch_ends_the_run_even_when_later_batches_arrive(pool: MHAHostPool) -> None:
-    io, backend, memory = staggered_io(pool, {"k2"}, read_batch_pages=2, read_threads=3)
-    try:
-        src = slots(0, 6)
-        fill(pool, src, seed=12)
-        present = [0, 1, 2, 4, 5]  # page 3 is not stored
-        stored = memory.batch_set_v1([f"k{i}" for i in present], src.view(6, PAGE)[present].ravel())
-        assert stored == [True] * 5
-        fetch = Prefetch(keys(6), 1, slots(10, 6), PAGE)
-        fetch._queried(6, 0.0)  # as if the query had found all six (page 3 vanished since)
-        io.read(fetch)
-        wait_until(lambda: fetch.read_pages == 2 and "k4" in backend.calls, "batches 1 and 3")
-        time.sleep(0.05)  # the third batch returns while the second is held
-        assert fetch.read_pages == 2 and fetch.state is PrefetchState.READING
-        backend.release.set()
+    io, backend, memory = staggered({"a0"}, read_batch_pages=1, read_threads=2)
+    fill(pool, slots(0, 6), seed=8)
+    assert memory.batch_set_v1([*keys(4, "a"), *keys(2, "b")], slots(0, 6)) == [True] * 6
+    old = Prefetch(keys(4, "a"), 1, slots(10, 4), PAGE)
+    io.prefetch(old)
+    wait_until(lambda: "a1" in backend.calls, "the old fetch's first two batches")
+    young = Prefetch(keys(2, "b"), 1, slots(20, 2), PAGE)
+    io.prefetch(young)
+    wait_until(lambda: len(backend.calls) >= 4, "the old fetch's other batches")
+    assert backend.calls[:4] == ["a0", "a1", "a2", "a3"], "the young fetch waited its turn"
+    backend.release.set()
+    for fetch in (old, young):
         finished(fetch)
-        assert fetch.read_pages == 3, "page 2 arrived; page 3 is missing, so 4-5 do not count"
-        assert pages(pool, slots(10, 3)) == pages(pool, src)[:3]
-    finally:
-        backend.release.set()
-        io.close()
+    assert old.read_pages == 4 and young.read_pages == 2
+    assert backend.calls[4:] == ["b0", "b1"]
+
+
+def test_a_failed_batch_ends_the_run_even_when_later_batches_arrive(
+    pool: MHAHostPool, staggered: Callable[..., tuple[StorageIO, Staggered, StorageBackend]]
+) -> None:
+    io, backend, memory = staggered({"k2"}, read_batch_pages=2, read_threads=3)
+    src = slots(0, 6)
+    fill(pool, src, seed=12)
+    present = [0, 1, 2, 4, 5]  # page 3 is not stored
+    stored = memory.batch_set_v1([f"k{i}" for i in present], src.view(6, PAGE)[present].ravel())
+    assert stored == [True] * 5
+    fetch = Prefetch(keys(6), 1, slots(10, 6), PAGE)
+    fetch._queried(6, 0.0)  # as if the query had found all six (page 3 vanished since)
+    io.read(fetch)
+    wait_until(lambda: fetch.read_pages == 2 and "k4" in backend.calls, "batches 1 and 3")
+    time.sleep(0.05)  # the third batch returns while the second is held
+    assert fetch.read_pages == 2 and fetch.state is PrefetchState.READING
+    backend.release.set()
+    finished(fetch)
+    assert fetch.read_pages == 3, "page 2 arrived; page 3 is missing, so 4-5 do not count"
+    assert pages(pool, slots(10, 3)) == pages(pool, src)[:3]
 
 
 def test_cancel_while_querying_finishes_at_once(
