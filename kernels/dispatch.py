@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
@@ -67,6 +67,10 @@ class KernelConfig:
     programs_per_sm: int = 1
     balance_rounds: int = 4
     pdl: bool = True
+
+
+def _done() -> None:
+    """Return at once: CPU copies are done when they return."""
 
 
 def _interpreting() -> bool:
@@ -196,6 +200,20 @@ class KVTransfer:
         once*). The reference and interpreter paths have no link to share and ignore it.
         """
         self._run(device_indices, host_indices, to_host=True, layer=layer, max_gbps=max_gbps)
+
+    def fence(self) -> Callable[[], None]:
+        """Return a wait for every copy launched so far on the current stream.
+
+        A GPU copy runs after the kernels queued before it, so host slots written by a
+        :meth:`backup` are not final when it returns; whoever reads them on the CPU, or writes
+        them there once they are given to another use, calls the wait first. CPU copies are done
+        when they return: the wait does nothing.
+        """
+        if self.device.device.type != "cuda":
+            return _done
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record()
+        return event.synchronize
 
     def _resolve(self, backend: Backend) -> Literal["triton", "reference"]:
         if backend == "reference":

@@ -12,6 +12,7 @@
 #   notax-timeout     the same under `timeout` (L1+L2+L3 only)
 #   multiturn         12 clients x 5 rounds of 1-2k-token turns
 #   outgrow           16 clients x 6 rounds whose histories outgrow the host pool
+#   outgrow-long      8 clients x 10 rounds: histories of up to 20k tokens, 3x device and host
 #   overflow-70b      16 documents x 3 queries on 20 layers of the Llama-3-70B shape
 # Needs the package installed and one CUDA GPU; the stores live under a temporary directory
 # removed after each step (the GPU host's disk holds 64 GiB). BENCH_ARGS (e.g. "--repeat 3" or
@@ -21,7 +22,7 @@
 set -euo pipefail
 out=${1:?usage: bench_engine_l3_gpu.sh OUTDIR [STEP...]}
 shift
-steps=${*:-overflow overflow-timeout overflow-3fs notax notax-timeout multiturn outgrow overflow-70b}
+steps=${*:-overflow overflow-timeout overflow-3fs notax notax-timeout multiturn outgrow outgrow-long overflow-70b}
 mkdir -p "$out"
 l3=$(mktemp -d /tmp/hicache-l3.XXXX)
 trap 'rm -rf "$l3"' EXIT
@@ -80,6 +81,10 @@ for step in $steps; do
         --backend file --config "$(file "$step")" ;;
     outgrow)
       bench "$step" --model 8b "${common[@]}" --workload multiturn --clients 16 --rounds 6 \
+        --system-tokens 256 --turn-tokens 1024,2048 --device-tokens 40960 --host-tokens 32768 \
+        --backend file --config "$(file "$step")" ;;
+    outgrow-long)
+      bench "$step" --model 8b "${common[@]}" --workload multiturn --clients 8 --rounds 10 \
         --system-tokens 256 --turn-tokens 1024,2048 --device-tokens 40960 --host-tokens 32768 \
         --backend file --config "$(file "$step")" ;;
     overflow-70b)

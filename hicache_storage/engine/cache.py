@@ -36,7 +36,7 @@ import dataclasses
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -472,6 +472,8 @@ class TierCache:
         self._fetching: list[tuple[Prefetch, Lookup]] = []
         self._reading: list[Prefetch] = []
         self._writing: dict[int, tuple[Node, frozenset[str]]] = {}
+        self._host_copies: Callable[[], None] | None = None
+        """Waits for the device→host copies launched since a read last needed host slots."""
         host_size = 0 if host_pool is None else host_pool.size
         self._backlog_tokens = max(config.page_size, int(host_size * config.write_backlog))
         self._write_failed: set[int] = set()
@@ -653,12 +655,25 @@ class TierCache:
                 if self.config.early_loads:
                     self._early.append(lookup)
                 assert self.io is not None
+                self._await_host_copies()
                 self.io.read(fetch)
                 probing = self._probing()
             elif self.host_pool is not None:
                 self.host_pool.free(host)
         self._fetching = waiting
         self._load_early()
+
+    def _await_host_copies(self) -> None:
+        """Wait for the device→host copies in flight before a read writes into host slots.
+
+        A backed-up page storage holds can be evicted from the host as soon as it is there, and
+        its slots handed to a fetch while its copy still waits behind a forward on the GPU: the
+        copy would then land on the pages the fetch read (measured on the H200 as checksum
+        failures of the file backend, and wrong KV where the copy landed after the check).
+        """
+        wait, self._host_copies = self._host_copies, None
+        if wait is not None:
+            wait()
 
     def _load_early(self) -> None:
         """Copy the pages fetches read since the last call to the device (``early_loads``).
@@ -1223,6 +1238,7 @@ class TierCache:
                         self.host_pool.free(host)
                     return False
                 self.transfer.backup(device, host, max_gbps=self.config.backup_max_gbps)
+                self._host_copies = self.transfer.fence()
                 self.tree.attach_host(step, host)
                 self.stats.pages_backed_up += step.num_tokens // self.config.page_size
             return True
@@ -1245,11 +1261,7 @@ class TierCache:
             return False
         if node.id in self._writing:
             return True
-        ready = None
-        if self.device_pool.device.type == "cuda":
-            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            event.record()
-            ready = event.synchronize
+        ready = None if self.transfer is None else self.transfer.fence()
         job = Backup(self.scheme.keys(node.hashes), host, node.id, ready, self.scheme.keys_per_page)
         if not self.io.backup(job):
             return False

@@ -571,7 +571,7 @@ class Scheduler:
                 if not ready:
                     continue
                 if request.ready_at is None:
-                    request.ready_at = self.clock()
+                    request.ready_at = self._ready_since(request)
                 if lookup.fetch is not None:
                     request.query_s = lookup.fetch.query_s
                 lease = self.cache.acquire(lookup, request.total_tokens)
@@ -608,6 +608,22 @@ class Scheduler:
         self._admitted.extend(admitted)
         for request, error in failed:
             self.fail(request, error)
+
+    def _ready_since(self, request: Request) -> float:
+        """When the prefetch policy would first have let ``request`` go (the scheduler's clock).
+
+        A fetch that finished while the scheduler was busy (in a forward) let its request go
+        then: the rest of the wait was for the scheduler's turn, not for storage.
+        """
+        now = self.clock()
+        fetch = None if request.lookup is None else request.lookup.fetch
+        if fetch is None or fetch.finished_at is None:
+            return now
+        since = max(time.monotonic() - fetch.finished_at, 0.0)
+        asked = request.arrival
+        if request.submitted_at is not None:
+            asked = max(request.submitted_at, asked)
+        return max(now - since, min(asked, now))
 
     def _next_forward_s(self) -> float:
         """Seconds the next forward of the running requests should take, on the measured fit.

@@ -113,6 +113,8 @@ class Prefetch:
         self.started = time.monotonic()
         self.query_s: float | None = None
         """Seconds the existence query took, once it answered."""
+        self.finished_at: float | None = None
+        """When (``time.monotonic``) the fetch finished, once it has."""
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._state = PrefetchState.QUERYING
@@ -176,7 +178,7 @@ class Prefetch:
         with self._lock:
             self._cancelled = True
             if self._state is not PrefetchState.READING or not self._calls:
-                self._state = PrefetchState.FINISHED
+                self._finish()
             self._changed.notify_all()
             return self._read_pages
 
@@ -205,7 +207,7 @@ class Prefetch:
             self.query_s = seconds
             self._hit_pages = hit_pages
             if self._cancelled or hit_pages == 0:
-                self._state = PrefetchState.FINISHED
+                self._finish()
                 return False
             if self.host_indices is None:
                 self._state = PrefetchState.QUERIED
@@ -263,8 +265,14 @@ class Prefetch:
         assert self._hit_pages is not None
         done = self._cancelled or self._stopped or self._next_page >= self._hit_pages
         if done and not self._calls:
-            self._state = PrefetchState.FINISHED
+            self._finish()
             self._changed.notify_all()
+
+    def _finish(self) -> None:
+        """Mark the fetch finished now (caller holds the lock); the first time counts."""
+        if self._state is not PrefetchState.FINISHED:
+            self._state = PrefetchState.FINISHED
+            self.finished_at = time.monotonic()
 
 
 @dataclass(frozen=True)

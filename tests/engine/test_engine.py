@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,10 @@ from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.errors import InvalidRequestError
 from hicache_storage.engine.model import LlamaModel, ModelConfig
 from hicache_storage.engine.policies import PrefetchPolicy, WritePolicy
+from hicache_storage.engine.storage_io import Backup, Prefetch
 from hicache_storage.errors import ConfigError
 from hicache_storage.hostpool import MHAHostPool
-from hicache_storage.kernels import DevicePool
+from hicache_storage.kernels import DevicePool, KVTransfer
 from hicache_storage.keys import namespace_seed
 from hicache_storage.layers import ForwardingBackend
 
@@ -100,6 +102,87 @@ def test_every_tier_gives_the_tokens_of_recompute(
     assert stats.device_hit_tokens > 0 and stats.pages_backed_up > 0
     assert stats.host_hit_tokens + stats.storage_hit_tokens > 0
     assert cache.tree.locked_tokens == 0
+
+
+class LateBackups:
+    """A transfer whose device→host copies land only when waited for, as on a GPU.
+
+    A GPU copy queued behind a forward writes the host slots later; here a backup snapshots its
+    device rows and writes them to the host when a :meth:`fence` is waited for or a load runs.
+    """
+
+    def __init__(self, real: KVTransfer) -> None:
+        self.real = real
+        self.device = real.device
+        self.host = real.host
+        self.landed = 0
+        self._lock = threading.Lock()
+        self._pending: list[tuple[DevicePool, torch.Tensor]] = []
+
+    def backup(self, device_indices: torch.Tensor, host_indices: torch.Tensor, **_: Any) -> None:
+        rows = torch.as_tensor(device_indices)
+        k, v = ([t[rows].clone() for t in part] for part in self.device.buffers)
+        with self._lock:
+            self._pending.append((DevicePool(k, v), torch.as_tensor(host_indices).clone()))
+
+    def land(self, slots: torch.Tensor | None = None) -> None:
+        """Land the copies pending, or only those into ``slots`` (what one reader waits for)."""
+        with self._lock:
+            wanted = None if slots is None else set(slots.tolist())
+            keep = []
+            for rows, host in self._pending:
+                if wanted is None or wanted & set(host.tolist()):
+                    KVTransfer(rows, self.host).backup(torch.arange(rows.size), host)
+                    self.landed += 1
+                else:
+                    keep.append((rows, host))
+            self._pending = keep
+
+    def fence(self) -> Callable[[], None]:
+        return self.land
+
+    def pending_slots(self) -> set[int]:
+        with self._lock:
+            return {int(i) for _, host in self._pending for i in host}
+
+    def load(self, *args: Any, **kwargs: Any) -> None:
+        self.land()  # a load queued after the copies runs after them
+        self.real.load(*args, **kwargs)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_fetch_never_reads_into_host_slots_a_late_copy_still_writes(
+    model: LlamaModel, memory_backend: StorageBackend, seed: int
+) -> None:
+    """A host pool smaller than the device: evicting a stored page from the device copies it to
+    the host, and the host may evict it again for a fetch before that copy has landed; the
+    fetch's pages must not be overwritten when it does."""
+    prompts = conversations(rounds=5, clients=4, seed=seed)
+    expected = run(Engine(model, None), [list(p) for p in prompts])
+    cache = build(device_tokens=96, host_tokens=48, backend=memory_backend)
+    assert cache.transfer is not None
+    late = LateBackups(cache.transfer)
+    cache.transfer = late  # type: ignore[assignment]
+    assert cache.io is not None
+    io_read = cache.io.read
+    fetched_into_late_copies = 0
+
+    def read(fetch: Prefetch) -> None:
+        nonlocal fetched_into_late_copies
+        assert fetch.host_indices is not None
+        fetched_into_late_copies += len(late.pending_slots() & set(fetch.host_indices.tolist()))
+        io_read(fetch)
+
+    def backup(job: Backup) -> bool:  # a write waits for the copies of its own pages only
+        return io_backup(dataclasses.replace(job, ready=lambda: late.land(job.host_indices)))
+
+    io_backup = cache.io.backup
+    cache.io.read = read  # type: ignore[method-assign]
+    cache.io.backup = backup  # type: ignore[method-assign]
+    assert run(Engine(model, cache), [list(p) for p in prompts]) == expected
+    assert fetched_into_late_copies == 0
+    assert late.landed > 0 and cache.stats.storage_hit_tokens > 0
+    cache.tree.check()
 
 
 def test_storage_alone_serves_a_fresh_engine(model: LlamaModel, tmp_path: Path) -> None:

@@ -229,6 +229,28 @@ def test_ttft_stamps_are_set_and_ordered(model: LlamaModel) -> None:
     assert firsts == sorted(firsts), "admitted in arrival order, prefilled in that order"
 
 
+def test_a_wait_after_the_fetch_finished_is_queue_not_storage(model: LlamaModel) -> None:
+    """A query that found nothing ends the storage wait; waiting for the scheduler's turn after
+    it (a forward in flight, here a sleep) counts as queue."""
+    cache = build_cache(256, 256, create_backend("memory"))
+    scheduler = Scheduler(model, cache)
+    request = scheduler.submit(Request(distinct_prompts(1, 12, seed=11)[0], NEW))
+    fetch = None if request.lookup is None else request.lookup.fetch
+    assert fetch is not None, "a prompt of whole pages asks storage"
+    deadline = time.monotonic() + 10
+    while fetch.finished_at is None:
+        assert time.monotonic() < deadline, "the existence query never answered"
+        time.sleep(0.001)
+    busy_s = 0.2
+    time.sleep(busy_s)  # the scheduler is busy elsewhere
+    drive(scheduler)
+    timings = request.timings
+    assert timings is not None and fetch.hit_pages == 0
+    assert timings["storage_query"] + timings["storage_read"] < busy_s / 2
+    assert timings["queue"] >= busy_s * 0.9
+    cache.close()
+
+
 # ---- layer-wise loads --------------------------------------------------------------------------
 
 
