@@ -9,12 +9,19 @@ the CPU fallback, in :func:`transfer_reference`.
 
 from __future__ import annotations
 
-from hicache_storage.kernels.dispatch import Backend, Indices, KernelConfig, KVTransfer
+from hicache_storage.kernels.dispatch import (
+    Backend,
+    CopyFence,
+    Indices,
+    KernelConfig,
+    KVTransfer,
+)
 from hicache_storage.kernels.pools import DevicePool, HostView
 from hicache_storage.kernels.reference import transfer_reference
 
 __all__ = [
     "Backend",
+    "CopyFence",
     "DevicePool",
     "HostView",
     "Indices",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
@@ -29,7 +29,7 @@ from hicache_storage.kernels.reference import transfer_reference
 if TYPE_CHECKING:
     from hicache_storage.kernels.triton_kernels import LaunchPlan
 
-__all__ = ["Backend", "Indices", "KVTransfer", "KernelConfig"]
+__all__ = ["Backend", "CopyFence", "Indices", "KVTransfer", "KernelConfig"]
 
 Backend: TypeAlias = Literal["auto", "triton", "reference"]
 Indices: TypeAlias = torch.Tensor | Sequence[int]
@@ -69,8 +69,27 @@ class KernelConfig:
     pdl: bool = True
 
 
-def _done() -> None:
-    """Return at once: CPU copies are done when they return."""
+class CopyFence:
+    """The copies launched before it on a stream: wait for them, or ask whether they are done.
+
+    A GPU copy runs after the kernels queued before it, so the slots a :meth:`KVTransfer.backup`
+    writes are not final when it returns; whoever reads them on the CPU, or writes them there
+    once they are given to another use, waits first. CPU copies are done when they return.
+    """
+
+    __slots__ = ("_event",)
+
+    def __init__(self, event: torch.cuda.Event | None = None) -> None:
+        self._event = event
+
+    def wait(self) -> None:
+        """Return once the copies are done."""
+        if self._event is not None:
+            self._event.synchronize()
+
+    def done(self) -> bool:
+        """Whether the copies are done, without waiting."""
+        return self._event is None or bool(self._event.query())  # type: ignore[no-untyped-call]
 
 
 def _interpreting() -> bool:
@@ -201,19 +220,13 @@ class KVTransfer:
         """
         self._run(device_indices, host_indices, to_host=True, layer=layer, max_gbps=max_gbps)
 
-    def fence(self) -> Callable[[], None]:
-        """Return a wait for every copy launched so far on the current stream.
-
-        A GPU copy runs after the kernels queued before it, so host slots written by a
-        :meth:`backup` are not final when it returns; whoever reads them on the CPU, or writes
-        them there once they are given to another use, calls the wait first. CPU copies are done
-        when they return: the wait does nothing.
-        """
+    def fence(self) -> CopyFence:
+        """Return a fence after every copy launched so far on the current stream."""
         if self.device.device.type != "cuda":
-            return _done
+            return CopyFence()
         event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         event.record()
-        return event.synchronize
+        return CopyFence(event)
 
     def _resolve(self, backend: Backend) -> Literal["triton", "reference"]:
         if backend == "reference":

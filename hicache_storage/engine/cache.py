@@ -36,7 +36,7 @@ import dataclasses
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -44,7 +44,7 @@ import torch
 from hicache_storage.backend import StorageBackend
 from hicache_storage.errors import ConfigError, HostPoolError
 from hicache_storage.hostpool import HostKVPool, PageAllocator, UnifiedObjectPool
-from hicache_storage.kernels import DevicePool, KVTransfer
+from hicache_storage.kernels import CopyFence, DevicePool, KVTransfer
 from hicache_storage.keys import (
     KeyScheme,
     KeySchemeError,
@@ -472,8 +472,8 @@ class TierCache:
         self._fetching: list[tuple[Prefetch, Lookup]] = []
         self._reading: list[Prefetch] = []
         self._writing: dict[int, tuple[Node, frozenset[str]]] = {}
-        self._host_copies: Callable[[], None] | None = None
-        """Waits for the device→host copies launched since a read last needed host slots."""
+        self._host_copies: list[tuple[torch.Tensor, CopyFence]] = []
+        """Device→host copies that may still be in flight: their host slots and fences."""
         host_size = 0 if host_pool is None else host_pool.size
         self._backlog_tokens = max(config.page_size, int(host_size * config.write_backlog))
         self._write_failed: set[int] = set()
@@ -655,7 +655,7 @@ class TierCache:
                 if self.config.early_loads:
                     self._early.append(lookup)
                 assert self.io is not None
-                self._await_host_copies()
+                self._await_host_copies(host)
                 self.io.read(fetch)
                 probing = self._probing()
             elif self.host_pool is not None:
@@ -663,17 +663,21 @@ class TierCache:
         self._fetching = waiting
         self._load_early()
 
-    def _await_host_copies(self) -> None:
-        """Wait for the device→host copies in flight before a read writes into host slots.
+    def _await_host_copies(self, slots: torch.Tensor) -> None:
+        """Wait for the device→host copies still in flight into ``slots`` before a read.
 
         A backed-up page storage holds can be evicted from the host as soon as it is there, and
         its slots handed to a fetch while its copy still waits behind a forward on the GPU: the
         copy would then land on the pages the fetch read (measured on the H200 as checksum
         failures of the file backend, and wrong KV where the copy landed after the check).
+        Only copies into the fetch's slots are waited for: a read does not wait for a 1 GiB
+        backup of other pages queued behind the forward.
         """
-        wait, self._host_copies = self._host_copies, None
-        if wait is not None:
-            wait()
+        pending = [(host, fence) for host, fence in self._host_copies if not fence.done()]
+        for host, fence in pending:
+            if bool(torch.isin(host, slots).any()):
+                fence.wait()
+        self._host_copies = [(host, fence) for host, fence in pending if not fence.done()]
 
     def _load_early(self) -> None:
         """Copy the pages fetches read since the last call to the device (``early_loads``).
@@ -1238,7 +1242,9 @@ class TierCache:
                         self.host_pool.free(host)
                     return False
                 self.transfer.backup(device, host, max_gbps=self.config.backup_max_gbps)
-                self._host_copies = self.transfer.fence()
+                if self.io is not None:  # a fetch may read into these slots once evicted
+                    self._host_copies = [c for c in self._host_copies if not c[1].done()]
+                    self._host_copies.append((host, self.transfer.fence()))
                 self.tree.attach_host(step, host)
                 self.stats.pages_backed_up += step.num_tokens // self.config.page_size
             return True
@@ -1261,7 +1267,7 @@ class TierCache:
             return False
         if node.id in self._writing:
             return True
-        ready = None if self.transfer is None else self.transfer.fence()
+        ready = None if self.transfer is None else self.transfer.fence().wait
         job = Backup(self.scheme.keys(node.hashes), host, node.id, ready, self.scheme.keys_per_page)
         if not self.io.backup(job):
             return False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +108,7 @@ class LateBackups:
     """A transfer whose device→host copies land only when waited for, as on a GPU.
 
     A GPU copy queued behind a forward writes the host slots later; here a backup snapshots its
-    device rows and writes them to the host when a :meth:`fence` is waited for or a load runs.
+    device rows and writes them to the host when a fence after it is waited for or a load runs.
     """
 
     def __init__(self, real: KVTransfer) -> None:
@@ -125,21 +125,26 @@ class LateBackups:
         with self._lock:
             self._pending.append((DevicePool(k, v), torch.as_tensor(host_indices).clone()))
 
-    def land(self, slots: torch.Tensor | None = None) -> None:
-        """Land the copies pending, or only those into ``slots`` (what one reader waits for)."""
+    def land(
+        self, copies: Sequence[object] | None = None, slots: torch.Tensor | None = None
+    ) -> None:
+        """Land the pending copies among ``copies`` (all if None) or into ``slots``."""
         with self._lock:
             wanted = None if slots is None else set(slots.tolist())
             keep = []
-            for rows, host in self._pending:
-                if wanted is None or wanted & set(host.tolist()):
+            for copy in self._pending:
+                rows, host = copy
+                chosen = copies is None or any(copy is c for c in copies)
+                if chosen and (wanted is None or wanted & set(host.tolist())):
                     KVTransfer(rows, self.host).backup(torch.arange(rows.size), host)
                     self.landed += 1
                 else:
-                    keep.append((rows, host))
+                    keep.append(copy)
             self._pending = keep
 
-    def fence(self) -> Callable[[], None]:
-        return self.land
+    def fence(self) -> LateFence:
+        with self._lock:
+            return LateFence(self, list(self._pending))
 
     def pending_slots(self) -> set[int]:
         with self._lock:
@@ -148,6 +153,21 @@ class LateBackups:
     def load(self, *args: Any, **kwargs: Any) -> None:
         self.land()  # a load queued after the copies runs after them
         self.real.load(*args, **kwargs)
+
+
+class LateFence:
+    """A fence after the copies :class:`LateBackups` had pending when it was made."""
+
+    def __init__(self, transfer: LateBackups, copies: list[object]) -> None:
+        self.transfer = transfer
+        self.copies = copies
+
+    def wait(self) -> None:
+        self.transfer.land(self.copies)
+
+    def done(self) -> bool:
+        with self.transfer._lock:
+            return not any(p is c for p in self.transfer._pending for c in self.copies)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -174,7 +194,7 @@ def test_a_fetch_never_reads_into_host_slots_a_late_copy_still_writes(
         io_read(fetch)
 
     def backup(job: Backup) -> bool:  # a write waits for the copies of its own pages only
-        return io_backup(dataclasses.replace(job, ready=lambda: late.land(job.host_indices)))
+        return io_backup(dataclasses.replace(job, ready=lambda: late.land(slots=job.host_indices)))
 
     io_backup = cache.io.backup
     cache.io.read = read  # type: ignore[method-assign]
