@@ -217,7 +217,9 @@ class _PassThroughPacker:
 
     def __init__(self, buffer_cutoff: int, encode: Callable[[Any], Any]) -> None:
         self._python = PythonRespSerializer(buffer_cutoff, encode)
-        self._fast: Any = HiredisRespSerializer() if HIREDIS_AVAILABLE else self._python
+        # HiredisRespSerializer.__init__ is untyped in some redis-py releases (8.2.0).
+        fast = HiredisRespSerializer() if HIREDIS_AVAILABLE else None  # type: ignore[no-untyped-call, unused-ignore]
+        self._fast: Any = self._python if fast is None else fast
 
     def pack(self, *args: Any) -> Any:
         for arg in args:
