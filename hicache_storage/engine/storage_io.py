@@ -645,46 +645,90 @@ class StorageIO:
     def _indices(self, host: torch.Tensor) -> torch.Tensor:
         return host if self._objects is None else self._objects(host)
 
-    def _write(self, job: Backup) -> bool:
-        """Write ``job`` a few pages at a time; return whether every page was stored.
+    def _batch_pages(self) -> int:
+        return self.write_batch_pages * (HURRY_FACTOR if self._hurry.is_set() else 1)
+
+    def _write(self, jobs: Sequence[Backup]) -> list[bool]:
+        """Write ``jobs`` a few pages a call; return, per job, whether every page was stored.
 
         Backups are background work: ``write_batch_pages`` bounds how many pages a backend that
         parallelises a batch moves at once for them, so that they do not take the cores (and
         the GIL) that the model's forward and the prefetch reads need; once :meth:`hurry` was
-        called, :data:`HURRY_FACTOR` times as many.
+        called, :data:`HURRY_FACTOR` times as many. Small backups share a call up to that bound
+        (a call's fixed work, in the layers and the backend, is paid once for them); a job's
+        pages after one that failed are not written.
         """
-        kpp = job.keys_per_page
-        pages = len(job.keys) // kpp
-        if pages == 0:
-            return False
-        tokens = job.host_indices.numel() // pages
+        stored = [len(job.keys) >= job.keys_per_page > 0 for job in jobs]
+        cursor = [0] * len(jobs)  # pages of each job handed to a call so far
+        pending = [i for i, ok in enumerate(stored) if ok]
         self._check_pool()
-        first = 0
-        while first < pages:
-            step = self.write_batch_pages * (HURRY_FACTOR if self._hurry.is_set() else 1)
-            end = min(first + step, pages)
-            done = self.backend.batch_set_v1(
-                list(job.keys[first * kpp : end * kpp]),
-                self._indices(job.host_indices[first * tokens : end * tokens]),
-            )
-            if not done or not all(done):
-                return False
-            first = end
-        return True
+        while pending:
+            room = self._batch_pages()
+            parts: list[tuple[int, int, int]] = []  # (job, first page, end page)
+            for i in pending:
+                if room == 0:
+                    break
+                job = jobs[i]
+                first = cursor[i]
+                end = min(first + room, len(job.keys) // job.keys_per_page)
+                parts.append((i, first, end))
+                room -= end - first
+            keys: list[str] = []
+            slots: list[torch.Tensor] = []
+            for i, first, end in parts:
+                job = jobs[i]
+                kpp, tokens = job.keys_per_page, job.host_indices.numel() * job.keys_per_page
+                tokens //= len(job.keys)
+                keys.extend(job.keys[first * kpp : end * kpp])
+                slots.append(job.host_indices[first * tokens : end * tokens])
+            try:
+                done = self.backend.batch_set_v1(keys, self._indices(torch.cat(slots)))
+            except Exception as exc:  # noqa: BLE001 - not stored; the writer goes on (a bug: check())
+                self._failed(f"backup of {len(keys)} keys", exc)
+                done = []
+            at = 0
+            for i, first, end in parts:
+                count = (end - first) * jobs[i].keys_per_page
+                ok = len(done) == len(keys) and all(done[at : at + count])
+                at += count
+                cursor[i] = end
+                stored[i] = stored[i] and ok
+            pending = [
+                i
+                for i in pending
+                if stored[i] and cursor[i] < len(jobs[i].keys) // jobs[i].keys_per_page
+            ]
+        return stored
 
     def _write_loop(self) -> None:
-        while (item := self._writes.get()) is not _STOP:
+        stop = False
+        while not stop and (item := self._writes.get()) is not _STOP:
             assert isinstance(item, Backup)
+            jobs = [item]
+            pages = len(item.keys) // max(item.keys_per_page, 1)
+            while pages < self._batch_pages():  # small backups share a call
+                try:
+                    more = self._writes.get_nowait()
+                except queue.Empty:
+                    break
+                if more is _STOP:
+                    stop = True
+                    break
+                assert isinstance(more, Backup)
+                jobs.append(more)
+                pages += len(more.keys) // max(more.keys_per_page, 1)
             try:
-                if item.ready is not None:
-                    item.ready()
-                stored = self._write(item)
+                for job in jobs:
+                    if job.ready is not None:
+                        job.ready()
+                outcomes = self._write(jobs)
             except Exception as exc:  # noqa: BLE001 - not stored; the writer goes on (a bug: check())
-                self._failed(f"backup of {len(item.keys)} keys", exc)
-                stored = False
+                self._failed(f"backup of {sum(len(job.keys) for job in jobs)} keys", exc)
+                outcomes = [False] * len(jobs)
             if self._writes.empty():
                 self._hurry.clear()
-            self._done.put(BackupDone(item, stored))
+            for job, stored in zip(jobs, outcomes, strict=True):
+                self._done.put(BackupDone(job, stored))
 
 
 def check_nice(nice: object, name: str = "nice") -> None:

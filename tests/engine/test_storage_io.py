@@ -497,6 +497,30 @@ def test_a_failed_chunk_of_a_backup_stops_it_unstored(
     assert spy.sets == [2], "no chunk is written after one failed"
 
 
+def test_small_backups_share_a_call_and_each_gets_its_own_outcome(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    io, spy = make_io(write_batch_pages=4)
+    spy.fail_second_set = True  # the second page of every call fails
+    fill(pool, slots(0, 7), seed=3)
+    spy.gate.clear()
+    held = Backup(keys(1, "h"), slots(6, 1), ticket=9)
+    assert io.backup(held)
+    assert spy.entered.wait(WAIT_S)  # the writer is inside the first call; the rest queue
+    sizes = [(0, 1), (1, 2), (3, 1), (4, 2)]
+    jobs = [Backup(keys(n, f"s{t}_"), slots(first, n), t) for t, (first, n) in enumerate(sizes)]
+    assert all(io.backup(job) for job in jobs)
+    spy.gate.set()
+    done = {d.backup.ticket: d.stored for d in poll_all(io, 5)}
+    assert spy.sets == [1, 4, 2], "1 + 2 + 1 pages in one call of at most four, then the last"
+    assert done == {9: True, 0: True, 1: False, 2: True, 3: False}, "a failed page fails its job"
+    for t, (first, n) in enumerate(sizes):
+        if done[t]:
+            dst = slots(16, n)
+            assert spy.inner.batch_get_v1(keys(n, f"s{t}_"), dst) == [True] * n
+            assert pages(pool, dst) == pages(pool, slots(first, n)), "each job's own pages"
+
+
 def test_a_full_write_queue_refuses_a_backup_and_counts_it(
     make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
 ) -> None:
