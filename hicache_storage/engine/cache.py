@@ -673,11 +673,14 @@ class TierCache:
         Only copies into the fetch's slots are waited for: a read does not wait for a 1 GiB
         backup of other pages queued behind the forward.
         """
-        pending = [(host, fence) for host, fence in self._host_copies if not fence.done()]
-        for host, fence in pending:
+        for host, fence in self._copies_in_flight():
             if bool(torch.isin(host, slots).any()):
                 fence.wait()
-        self._host_copies = [(host, fence) for host, fence in pending if not fence.done()]
+
+    def _copies_in_flight(self) -> list[tuple[torch.Tensor, CopyFence]]:
+        """Forget the device→host copies that are done; return those that may not be."""
+        self._host_copies = [c for c in self._host_copies if not c[1].done()]
+        return self._host_copies
 
     def _load_early(self) -> None:
         """Copy the pages fetches read since the last call to the device (``early_loads``).
@@ -1243,8 +1246,7 @@ class TierCache:
                     return False
                 self.transfer.backup(device, host, max_gbps=self.config.backup_max_gbps)
                 if self.io is not None:  # a fetch may read into these slots once evicted
-                    self._host_copies = [c for c in self._host_copies if not c[1].done()]
-                    self._host_copies.append((host, self.transfer.fence()))
+                    self._copies_in_flight().append((host, self.transfer.fence()))
                 self.tree.attach_host(step, host)
                 self.stats.pages_backed_up += step.num_tokens // self.config.page_size
             return True

@@ -151,6 +151,11 @@ class Request:
     """Seconds the forwards that loaded its prefix from the host waited for the copy."""
 
     @property
+    def asked_at(self) -> float:
+        """When its storage query started: submission, or its arrival if that came later."""
+        return self.arrival if self.submitted_at is None else max(self.submitted_at, self.arrival)
+
+    @property
     def timings(self) -> dict[str, float] | None:
         """Where the time to the first token went, in seconds, once it came.
 
@@ -163,8 +168,7 @@ class Request:
         if self.first_token_at is None or self.admitted_at is None:
             return None
         ready = self.admitted_at if self.ready_at is None else self.ready_at
-        asked = self.arrival if self.submitted_at is None else max(self.submitted_at, self.arrival)
-        storage = max(ready - asked, 0.0) if self.query_s is not None else 0.0
+        storage = max(ready - self.asked_at, 0.0) if self.query_s is not None else 0.0
         query = min(self.query_s or 0.0, storage)
         load = min(self.load_s, self.first_token_at - self.admitted_at)
         return {
@@ -620,10 +624,7 @@ class Scheduler:
         if fetch is None or fetch.finished_at is None:
             return now
         since = max(time.monotonic() - fetch.finished_at, 0.0)
-        asked = request.arrival
-        if request.submitted_at is not None:
-            asked = max(request.submitted_at, asked)
-        return max(now - since, min(asked, now))
+        return max(now - since, min(request.asked_at, now))
 
     def _next_forward_s(self) -> float:
         """Seconds the next forward of the running requests should take, on the measured fit.

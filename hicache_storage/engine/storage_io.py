@@ -299,6 +299,16 @@ class Backup:
     ready: Callable[[], None] | None = None
     keys_per_page: int = 1
 
+    @property
+    def pages(self) -> int:
+        """Whole pages the keys name (0 for a backup without a page)."""
+        return len(self.keys) // self.keys_per_page if self.keys_per_page > 0 else 0
+
+    def slots(self, first: int, end: int) -> torch.Tensor:
+        """Host slots of pages ``[first, end)``."""
+        tokens = self.host_indices.numel() // self.pages
+        return self.host_indices[first * tokens : end * tokens]
+
 
 @dataclass(frozen=True)
 class BackupDone:
@@ -658,7 +668,7 @@ class StorageIO:
         (a call's fixed work, in the layers and the backend, is paid once for them); a job's
         pages after one that failed are not written.
         """
-        stored = [len(job.keys) >= job.keys_per_page > 0 for job in jobs]
+        stored = [job.pages > 0 for job in jobs]
         cursor = [0] * len(jobs)  # pages of each job handed to a call so far
         pending = [i for i, ok in enumerate(stored) if ok]
         self._check_pool()
@@ -668,19 +678,16 @@ class StorageIO:
             for i in pending:
                 if room == 0:
                     break
-                job = jobs[i]
                 first = cursor[i]
-                end = min(first + room, len(job.keys) // job.keys_per_page)
+                end = min(first + room, jobs[i].pages)
                 parts.append((i, first, end))
                 room -= end - first
             keys: list[str] = []
             slots: list[torch.Tensor] = []
             for i, first, end in parts:
                 job = jobs[i]
-                kpp, tokens = job.keys_per_page, job.host_indices.numel() * job.keys_per_page
-                tokens //= len(job.keys)
-                keys.extend(job.keys[first * kpp : end * kpp])
-                slots.append(job.host_indices[first * tokens : end * tokens])
+                keys.extend(job.keys[first * job.keys_per_page : end * job.keys_per_page])
+                slots.append(job.slots(first, end))
             try:
                 done = self.backend.batch_set_v1(keys, self._indices(torch.cat(slots)))
             except Exception as exc:  # noqa: BLE001 - not stored; the writer goes on (a bug: check())
@@ -693,11 +700,7 @@ class StorageIO:
                 at += count
                 cursor[i] = end
                 stored[i] = stored[i] and ok
-            pending = [
-                i
-                for i in pending
-                if stored[i] and cursor[i] < len(jobs[i].keys) // jobs[i].keys_per_page
-            ]
+            pending = [i for i in pending if stored[i] and cursor[i] < jobs[i].pages]
         return stored
 
     def _write_loop(self) -> None:
@@ -705,7 +708,7 @@ class StorageIO:
         while not stop and (item := self._writes.get()) is not _STOP:
             assert isinstance(item, Backup)
             jobs = [item]
-            pages = len(item.keys) // max(item.keys_per_page, 1)
+            pages = item.pages
             while pages < self._batch_pages():  # small backups share a call
                 try:
                     more = self._writes.get_nowait()
@@ -716,7 +719,7 @@ class StorageIO:
                     break
                 assert isinstance(more, Backup)
                 jobs.append(more)
-                pages += len(more.keys) // max(more.keys_per_page, 1)
+                pages += more.pages
             try:
                 for job in jobs:
                     if job.ready is not None:
