@@ -114,3 +114,41 @@ def test_failed_start_in_a_with_block_stops_what_it_started(tmp_path: Path) -> N
 def test_free_port_leaves_offset_free() -> None:
     port = free_port(also=(10000,))
     assert not port_open(port) and not port_open(port + 10000)
+
+
+_BUSY = """
+import http.server, sys, threading
+def spin():
+    while True:
+        pass
+for _ in range(4):
+    threading.Thread(target=spin, daemon=True).start()
+address = ("127.0.0.1", int(sys.argv[1]))
+http.server.HTTPServer(address, http.server.BaseHTTPRequestHandler).serve_forever()
+"""
+
+
+def _thread_states(pid: int) -> list[str]:
+    tasks = Path(f"/proc/{pid}/task")
+    return [(t / "stat").read_text().rsplit(")", 1)[-1].split()[0] for t in tasks.iterdir()]
+
+
+def test_pause_returns_once_every_thread_has_stopped(tmp_path: Path) -> None:
+    """``kill`` only queues SIGSTOP: threads waiting for a CPU would still answer a request."""
+    port = free_port()
+    state = ServiceState(
+        backend="memory",
+        options={},
+        processes=[
+            ProcessSpec(name="busy", argv=[sys.executable, "-c", _BUSY, str(port)], ports=[port])
+        ],
+        workdir=str(tmp_path),
+    )
+    with LocalService(state, tmp_path / "state.json") as service:
+        pid = service.state.processes[0].pid
+        assert pid is not None
+        for _ in range(20):
+            service.pause()
+            states = _thread_states(pid)
+            service.resume()
+            assert len(states) == 5 and set(states) == {"T"}, states

@@ -45,6 +45,7 @@ __all__ = [
     "ServerControl",
     "ServiceState",
     "free_port",
+    "freeze",
     "port_open",
     "publish",
     "published_services",
@@ -263,12 +264,14 @@ class LocalService:
         """
         self._refresh()
         targets = self.state.pause_targets
-        for process in self.state.processes:
-            if (targets is None or process.name in targets) and _runs(process):
-                assert process.pid is not None
-                _signal_group(process.pid, signal.SIGSTOP)
-                self.state.paused.append(process.pid)
-        self._save()
+        try:
+            for process in self.state.processes:
+                if (targets is None or process.name in targets) and _runs(process):
+                    assert process.pid is not None
+                    self.state.paused.append(process.pid)
+                    freeze(process.pid)
+        finally:
+            self._save()
 
     def resume(self) -> None:
         """Undo :meth:`pause` (SIGCONT); return once the service accepts requests again."""
@@ -388,6 +391,68 @@ class LocalService:
         temporary = self.state_file.with_suffix(".tmp")
         temporary.write_bytes(msgspec.json.encode(self.state))
         os.replace(temporary, self.state_file)
+
+
+_FREEZE_S = 5.0
+"""How long :func:`freeze` waits for every thread of the group to stop."""
+
+
+def freeze(pid: int) -> None:
+    """SIGSTOP the process group led by ``pid`` and return once every thread of it has stopped.
+
+    ``kill`` returns as soon as the signal is queued; a thread handles it only when it next runs,
+    and until one has, the others keep answering. On a loaded machine that window lasts long
+    enough for a request sent right after ``kill`` to be served, so a fault check would meet a
+    live server it believes frozen.
+
+    Raises
+    ------
+    BackendUnavailableError
+        If some thread has not stopped within a few seconds (the group is left paused).
+    """
+    _signal_group(pid, signal.SIGSTOP)
+    members = _group(pid)
+    deadline = time.monotonic() + _FREEZE_S
+    while (running := _running_threads(members)) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    if running:
+        raise BackendUnavailableError(
+            f"process group {pid} sent SIGSTOP still runs threads {running[:8]} "
+            f"after {_FREEZE_S:g}s"
+        )
+
+
+def _group(pgid: int) -> list[Path]:
+    """Return the ``/proc`` entries of process ``pgid`` and of every process in group ``pgid``."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
+            if int(entry.name) == pgid or int(fields[2]) == pgid:
+                members.append(entry)
+        except (OSError, IndexError, ValueError):
+            continue
+    return members
+
+
+def _running_threads(members: list[Path]) -> list[int]:
+    """Return the threads of ``members`` not stopped (an exited one counts as stopped)."""
+    running = []
+    for entry in members:
+        try:
+            tasks = list((entry / "task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                state = (task / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in ("T", "t", "Z", "X"):
+                running.append(int(task.name))
+    return running
 
 
 def _signal_group(pid: int, signum: int) -> None:

@@ -22,7 +22,7 @@ from hicache_storage.backends.mooncake import provision
 from hicache_storage.backends.mooncake.client import Timeouts
 from hicache_storage.errors import BackendUnavailableError
 from hicache_storage.hostpool import MHAHostPool
-from hicache_storage.kit.services import LocalService
+from hicache_storage.kit.services import LocalService, freeze
 
 from ...helpers import page_indices, pool_bytes
 
@@ -44,9 +44,13 @@ class Store:
         return str(self.master.options["master"])
 
     def signal(self, service: LocalService, signum: int) -> None:
+        """Send ``signum``; a SIGSTOP returns only once every thread has stopped."""
         pid = service.state.processes[0].pid
         assert pid is not None
-        os.kill(pid, signum)
+        if signum == signal.SIGSTOP:
+            freeze(pid)
+        else:
+            os.kill(pid, signum)
 
 
 @pytest.fixture(scope="module")

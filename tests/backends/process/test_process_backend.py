@@ -26,6 +26,7 @@ from hicache_storage.errors import (
     UnknownBackendError,
 )
 from hicache_storage.hostpool import MHAHostPool
+from hicache_storage.kit.services import freeze
 
 from ...engine.test_bench import SMALL
 from ...helpers import assert_conforms, passing_suite
@@ -165,7 +166,7 @@ def test_a_hung_storage_process_times_out_within_the_bound(tmp_path: Path) -> No
         "process", _served(tmp_path / "store", call_timeout_s=0.5), layers=BARE
     )
     pid = _pid(backend)
-    os.kill(pid, signal.SIGSTOP)
+    freeze(pid)
     try:
         began = time.monotonic()
         with pytest.raises(BackendTimeoutError, match=r"0\.5 s"):

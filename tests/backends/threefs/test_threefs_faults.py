@@ -25,7 +25,7 @@ from hicache_storage.backends.threefs import ThreeFSBackend, ThreeFSConfig
 from hicache_storage.backends.threefs.metadata import Geometry
 from hicache_storage.backends.threefs.metadata_http import HttpMetadata
 from hicache_storage.errors import BackendTimeoutError, BackendUnavailableError
-from hicache_storage.kit.services import LocalService
+from hicache_storage.kit.services import LocalService, freeze
 
 from .conftest import GEOMETRY, LEASE_S, TIMEOUT_S, service_options
 
@@ -164,7 +164,7 @@ def test_hung_service_times_out(tmp_path: Path, private_service: LocalService) -
     assert pid is not None
     try:
         assert backend.set("k", b"v")
-        os.kill(pid, signal.SIGSTOP)
+        freeze(pid)
         try:
             with pytest.raises(BackendTimeoutError):
                 backend.get("k")

@@ -23,7 +23,7 @@ from hicache_storage import create_backend
 from hicache_storage.backends.threefs.backend import generation_of
 from hicache_storage.backends.threefs.provision import metadata_service
 from hicache_storage.kit.integrity import RECORD_BYTES, seal
-from hicache_storage.kit.services import LocalService
+from hicache_storage.kit.services import LocalService, freeze
 
 SLOT = 64 << 10
 # 24 slots: writers of 96 distinct keys keep every slot changing hands.
@@ -81,7 +81,7 @@ def test_writers_paused_past_their_lease_never_give_wrong_bytes(
                 if time.time() >= next_pause:
                     victim = writers[pauses % len(writers)]
                     assert victim.pid is not None
-                    os.kill(victim.pid, signal.SIGSTOP)
+                    freeze(victim.pid)
                     time.sleep(LEASE_S * 1.6)
                     os.kill(victim.pid, signal.SIGCONT)
                     pauses += 1
