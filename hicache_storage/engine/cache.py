@@ -178,6 +178,13 @@ class CacheConfig:
         Most bytes a backup writes per storage call (at least one page): background writes
         move a few large pages at a time so that they leave the cores to the forward and the
         reads, and many small pages in one call so that they do not pay a call's overhead each.
+    write_linger_s
+        How long an idle writer that wakes for less than a call's worth of pages waits for
+        more before it writes (cut short when the writer hurries or closes). Each wake-up
+        takes the GIL from the scheduler's thread while it admits and releases requests, and
+        the backups of one step arrive one request at a time: on two cores a 20 ms linger
+        took the write-through's cost beside a CPU forward from 1.37x to 1.2x of the
+        host-only cache's TTFT. 0 writes at once.
     write_queue
         Most backups queued for storage at once.
     write_backlog
@@ -227,6 +234,7 @@ class CacheConfig:
     query_threads: int = 2
     read_threads: int = 4
     write_batch_bytes: int = 16 << 20
+    write_linger_s: float = 0.02
     write_queue: int = 64
     write_backlog: float = 0.25
     load_max_gbps: float | None = None
@@ -257,6 +265,9 @@ class CacheConfig:
             raise ConfigError("prefetch_timeout must be a PrefetchTimeout")
         check_nice(self.storage_nice, "storage_nice")
         share("write_backlog", self.write_backlog, ConfigError)
+        linger = self.write_linger_s
+        if isinstance(linger, bool) or not isinstance(linger, int | float) or not 0 <= linger < 1:
+            raise ConfigError(f"write_linger_s must be a number in [0, 1), got {linger!r}")
         interval = self.switch_interval_s
         if interval is not None and (
             isinstance(interval, bool)
@@ -455,6 +466,7 @@ class TierCache:
                 query_threads=config.query_threads,
                 read_threads=config.read_threads,
                 write_batch_pages=max(1, config.write_batch_bytes // page_bytes),
+                write_linger_s=config.write_linger_s,
                 costs=self.costs,
                 nice=config.storage_nice,
                 pool=registered,

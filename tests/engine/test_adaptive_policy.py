@@ -683,3 +683,9 @@ def test_a_storage_niceness_outside_0_19_is_refused(value: object) -> None:
 def test_a_switch_interval_that_is_not_a_positive_number_is_refused(value: object) -> None:
     with pytest.raises(ConfigError, match="switch_interval_s"):
         build_cache(64, 64, None, switch_interval_s=value)
+
+
+@pytest.mark.parametrize("value", [-0.01, 1, float("nan"), True, "0.02", None])
+def test_a_write_linger_outside_zero_to_one_second_is_refused(value: object) -> None:
+    with pytest.raises(ConfigError, match="write_linger_s"):
+        build_cache(64, 64, None, write_linger_s=value)

@@ -521,6 +521,56 @@ def test_small_backups_share_a_call_and_each_gets_its_own_outcome(
             assert pages(pool, dst) == pages(pool, slots(first, n)), "each job's own pages"
 
 
+def test_a_lingering_writer_writes_the_backups_of_a_step_in_one_call(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    """Woken for less than a call takes, the writer waits for the next backups, not a call each."""
+    io, spy = make_io(write_batch_pages=8, write_linger_s=0.5)
+    fill(pool, slots(0, 5), seed=4)
+    sizes = [(0, 1), (1, 2), (3, 2)]
+    jobs = [Backup(keys(n, f"l{t}_"), slots(first, n), t) for t, (first, n) in enumerate(sizes)]
+    assert all(io.backup(job) for job in jobs)  # one request's release after another
+    done = {d.backup.ticket: d.stored for d in poll_all(io, 3)}
+    assert done == {0: True, 1: True, 2: True}
+    assert spy.sets == [5], "the three backups in one call"
+
+
+def test_without_linger_the_writer_starts_at_once(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    io, spy = make_io(write_batch_pages=8, write_linger_s=0.0)
+    fill(pool, slots(0, 2), seed=5)
+    spy.gate.clear()
+    assert io.backup(Backup(keys(1, "a"), slots(0, 1), 0))
+    assert spy.entered.wait(WAIT_S), "the first backup's call started alone"
+    assert io.backup(Backup(keys(1, "b"), slots(1, 1), 1))
+    spy.gate.set()
+    poll_all(io, 2)
+    assert spy.sets == [1, 1]
+
+
+@pytest.mark.parametrize("end", ["hurry", "close"])
+def test_hurry_or_close_ends_a_linger(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool, end: str
+) -> None:
+    """A writer lingering for more backups writes at once when hurried or closed: nothing waits
+    out the linger, and nothing queued is lost."""
+    io, spy = make_io(write_batch_pages=8, write_linger_s=0.99)
+    fill(pool, slots(0, 1), seed=6)
+    job = Backup(keys(1, "z"), slots(0, 1), 0)
+    assert io.backup(job)
+    wait_until(lambda: not io._writes.qsize(), "the writer took the backup")
+    began = time.monotonic()
+    if end == "hurry":
+        io.hurry()
+        done = poll_all(io, 1)
+    else:
+        done = io.close()
+    assert [d.stored for d in done] == [True]
+    assert spy.inner.exists("z0")
+    assert time.monotonic() - began < 0.9, "the writer waited out its linger"
+
+
 def test_a_full_write_queue_refuses_a_backup_and_counts_it(
     make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
 ) -> None:
@@ -618,6 +668,14 @@ def test_close_cancels_a_fetch_still_reading(
     io.close()
     assert fetch.state is PrefetchState.FINISHED and fetch.read_pages < 8
     assert not any(t.is_alive() for t in io.threads)
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.0, True, "0.02", None])
+def test_storage_io_refuses_a_linger_outside_zero_to_one_second(value: object) -> None:
+    backend = create_backend("memory")
+    with pytest.raises(ConfigError, match="write_linger_s"):
+        StorageIO(backend, write_linger_s=value)  # type: ignore[arg-type]
+    backend.close()
 
 
 @pytest.mark.parametrize("option", ["read_batch_pages", "write_capacity"])
