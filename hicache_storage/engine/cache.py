@@ -183,7 +183,7 @@ class CacheConfig:
         more before it writes (cut short when the writer hurries or closes). Each wake-up
         takes the GIL from the scheduler's thread while it admits and releases requests, and
         the backups of one step arrive one request at a time: on two cores a 20 ms linger
-        took the write-through's cost beside a CPU forward from 1.37x to 1.2x of the
+        took the write-through's cost beside a CPU forward from 1.37x to 1.27x of the
         host-only cache's TTFT. 0 writes at once.
     write_queue
         Most backups queued for storage at once.
