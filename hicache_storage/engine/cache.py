@@ -68,7 +68,15 @@ from .policies import (
     prefetch_done_waiting,
 )
 from .radix import MatchResult, Node, RadixTree, Tier
-from .storage_io import Backup, BackupDone, Prefetch, PrefetchState, StorageIO, check_nice
+from .storage_io import (
+    Backup,
+    BackupDone,
+    Prefetch,
+    PrefetchState,
+    StorageIO,
+    check_linger,
+    check_nice,
+)
 
 __all__ = ["CacheConfig", "CacheStats", "Lease", "Lookup", "TierCache"]
 
@@ -265,9 +273,7 @@ class CacheConfig:
             raise ConfigError("prefetch_timeout must be a PrefetchTimeout")
         check_nice(self.storage_nice, "storage_nice")
         share("write_backlog", self.write_backlog, ConfigError)
-        linger = self.write_linger_s
-        if isinstance(linger, bool) or not isinstance(linger, int | float) or not 0 <= linger < 1:
-            raise ConfigError(f"write_linger_s must be a number in [0, 1), got {linger!r}")
+        check_linger(self.write_linger_s)
         interval = self.switch_interval_s
         if interval is not None and (
             isinstance(interval, bool)

@@ -386,12 +386,7 @@ class StorageIO:
             positive_int(name, value, ConfigError)
         self.backend = backend
         self.read_batch_pages = read_batch_pages
-        if (
-            isinstance(write_linger_s, bool)
-            or not isinstance(write_linger_s, int | float)
-            or not 0 <= write_linger_s < 1
-        ):
-            raise ConfigError(f"write_linger_s must be in [0, 1), got {write_linger_s!r}")
+        check_linger(write_linger_s)
         self.write_batch_pages = write_batch_pages
         self.write_linger_s = write_linger_s
         self.costs = costs
@@ -752,6 +747,16 @@ class StorageIO:
                     self._wake.clear()
             for job, stored in zip(jobs, outcomes, strict=True):
                 self._done.put(BackupDone(job, stored))
+
+
+def check_linger(linger: object) -> None:
+    """Raise :class:`ConfigError` unless ``linger`` is a number of seconds in ``[0, 1)``."""
+    if (
+        isinstance(linger, bool)
+        or not isinstance(linger, int | float)
+        or not 0 <= linger < 1  # also refuses NaN
+    ):
+        raise ConfigError(f"write_linger_s must be a number in [0, 1), got {linger!r}")
 
 
 def check_nice(nice: object, name: str = "nice") -> None:
