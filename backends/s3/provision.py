@@ -171,6 +171,30 @@ def credentials_env(service: LocalService) -> dict[str, str]:
     }
 
 
+MIN_FREE_SHARE = 0.01
+"""Share of its disk the volume server needs free to take writes (``-volume.minFreeSpace``)."""
+
+
+def low_disk(path: str | os.PathLike[str]) -> str:
+    """Return a note for the readiness error when ``path``'s disk is too full for writes, else "".
+
+    With less than :data:`MIN_FREE_SHARE` of its disk free the volume server registers no
+    capacity, and every write fails with "no volume server capacity registered yet" until the
+    readiness wait gives up: the cause is the disk, not the server.
+    """
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError:
+        return ""
+    if usage.free >= MIN_FREE_SHARE * usage.total:
+        return ""
+    return (
+        f": only {usage.free / 2**30:.1f} GiB of {usage.total / 2**30:.0f} GiB free under "
+        f"{path}, and SeaweedFS takes no writes with less than {MIN_FREE_SHARE:.0%} of the disk "
+        "free (free some space)"
+    )
+
+
 def wait_ready(service: LocalService, deadline: float) -> None:
     """Return once a ``put_object`` into the bucket succeeds; raise after ``deadline``.
 
@@ -209,7 +233,8 @@ def wait_ready(service: LocalService, deadline: float) -> None:
                     tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
                     raise BackendUnavailableError(
                         f"SeaweedFS at {options['endpoint_url']} accepted no write in time "
-                        f"({type(exc).__name__}); log {log}:\n{tail}"
+                        f"({type(exc).__name__}){low_disk(service.state.workdir)}; "
+                        f"log {log}:\n{tail}"
                     ) from exc
                 time.sleep(0.1)
     finally:

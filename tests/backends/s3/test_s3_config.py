@@ -7,12 +7,13 @@ socket to fail later with a raw ``OverflowError``/``ValueError``. Runs without a
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 
 from hicache_storage import create_backend
-from hicache_storage.backends.s3 import S3Config
+from hicache_storage.backends.s3 import S3Config, provision
 from hicache_storage.errors import ConfigError
 
 BASE = {"bucket": "ok-bucket", "verify_bucket": False}
@@ -101,3 +102,20 @@ def test_prefix_without_trailing_slash_is_completed(given: str, stored: str) -> 
 def test_bad_prefix_refused(prefix: str) -> None:
     with pytest.raises(ConfigError, match="prefix"):
         create_backend("s3", {**BASE, "prefix": prefix})
+
+
+def test_a_full_disk_is_named_when_seaweedfs_takes_no_write(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A volume server on a disk with under 1 % free takes no write: the error says so."""
+    total = 100 * 2**30
+    monkeypatch.setattr(provision.shutil, "disk_usage", lambda _: _Usage(total, 0.5 * 2**30))
+    note = provision.low_disk(tmp_path)
+    assert "only 0.5 GiB of 100 GiB free" in note and str(tmp_path) in note
+    monkeypatch.setattr(provision.shutil, "disk_usage", lambda _: _Usage(total, 2 * 2**30))
+    assert provision.low_disk(tmp_path) == ""
+
+
+class _Usage(NamedTuple):
+    total: float
+    free: float
