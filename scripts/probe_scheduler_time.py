@@ -3,9 +3,10 @@
 The bench's breakdown says how long a request waited; this says what the scheduler's thread did
 meanwhile. It runs the bench with the given options while timing the tier cache's entry points
 (and the inner steps that move pages between tiers) on that thread, then prints, per method,
-the milliseconds and calls per run of each configuration. A method that takes longer beside a
-storage tier for the same calls is where the tier taxes compute: extra work, or the GIL taken
-by a storage thread while the scheduler's thread was in it (the times include such waits).
+the milliseconds (wall clock and the thread's own CPU clock) and calls per run of each
+configuration. A method that takes longer beside a storage tier for the same calls is where the
+tier taxes compute: extra work (CPU time grows too), or a wait for the GIL taken by a storage
+thread while the scheduler's thread was in it (wall time grows alone).
 
     python scripts/probe_scheduler_time.py --runs L1+L2,L1+L2+L3 --backend file --repeat 3 ...
 
@@ -42,6 +43,7 @@ METHODS = (
 )
 
 seconds: dict[tuple[str, str], float] = collections.defaultdict(float)
+cpu_seconds: dict[tuple[str, str], float] = collections.defaultdict(float)
 calls: collections.Counter[tuple[str, str]] = collections.Counter()
 caches: dict[int, str] = {}
 
@@ -62,27 +64,33 @@ def timed(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     def call(self: TierCache, *args: Any, **kwargs: Any) -> Any:
         if threading.current_thread() is not main:
             return method(self, *args, **kwargs)
-        began = time.perf_counter()
+        began, cpu_began = time.perf_counter(), time.thread_time()
         try:
             return method(self, *args, **kwargs)
         finally:
             key = (caches.setdefault(id(self), label(self)), name)
             seconds[key] += time.perf_counter() - began
+            cpu_seconds[key] += time.thread_time() - cpu_began
             calls[key] += 1
 
     return call
 
 
 def report(repeat: int) -> None:
-    """Print ms and calls per run of each method, one column per configuration."""
+    """Print ms (wall and on the CPU) and calls per run of each method, a column a configuration.
+
+    Wall time the thread did not spend on the CPU is waiting: for the GIL, a lock, or a
+    blocking call (a CUDA synchronisation spins on the CPU by default, so it counts as CPU).
+    """
     configs = [c for c in ("no-cache", "L1", "L1+L2", "L1+L2+L3") if c in set(caches.values())]
-    print(f"{'method':18s}" + "".join(f"{c:>24s}" for c in configs))
+    print(f"{'method':18s}" + "".join(f"{c + ' (wall/cpu ms, calls)':>32s}" for c in configs))
     for name in METHODS:
         cells = [
-            f"{seconds[(c, name)] * 1e3 / repeat:10.2f} ms {calls[(c, name)] // repeat:7d} x"
+            f"{seconds[(c, name)] * 1e3 / repeat:9.2f} {cpu_seconds[(c, name)] * 1e3 / repeat:9.2f}"
+            f" {calls[(c, name)] // repeat:7d} x"
             for c in configs
         ]
-        print(f"{name:18s}" + "".join(f"{cell:>24s}" for cell in cells))
+        print(f"{name:18s}" + "".join(f"{cell:>32s}" for cell in cells))
 
 
 def main() -> None:

@@ -1248,16 +1248,22 @@ class TierCache:
         """L1→L2: copy a device node (and any ancestors not yet on the host) to the host.
 
         The path is locked meanwhile, so that making room on the host never evicts the part of
-        it already copied.
+        it already copied. A stretch storage holds is not worth a wait for writes to free host
+        room, unless a stretch below it is not stored: pages reach storage from the host, and a
+        node is on the host only under its parent (measured on the H200: requests that
+        recomputed a stored prefix never wrote what they computed after it, and every later
+        round of those conversations recomputed it again).
         """
         self.tree.lock(node)
         try:
-            for step in self.tree.path(node):
-                if step.is_root or Tier.HOST in step.tiers:
-                    continue
+            steps = [s for s in self.tree.path(node) if not s.is_root and Tier.HOST not in s.tiers]
+            carries = [False] * len(steps)  # an unstored step at or below each one
+            below = False
+            for i in range(len(steps) - 1, -1, -1):
+                below = carries[i] = below or not steps[i].stored
+            for step, unstored_below in zip(steps, carries, strict=True):
                 device = step.device_indices
-                # A page storage holds is not worth a wait for writes to free host room.
-                host = self._alloc_host(step.num_tokens, stored_only=step.stored)
+                host = self._alloc_host(step.num_tokens, stored_only=not unstored_below)
                 if device is None or host is None or self.transfer is None:
                     if host is not None and self.host_pool is not None:
                         self.host_pool.free(host)

@@ -31,6 +31,7 @@ from hicache_storage.engine.radix import Tier
 from hicache_storage.engine.scheduler import Request, RequestState, Scheduler
 from hicache_storage.engine.storage_io import PrefetchState
 from hicache_storage.errors import ConfigError
+from hicache_storage.keys import page_hashes
 from hicache_storage.layers import ForwardingBackend
 
 from ._child import CONFIG, PAGE, build_cache, serve, stored_prompt
@@ -265,8 +266,10 @@ class Gated(ForwardingBackend):
         super().__init__(inner)
         self.query_gate = threading.Event()
         self.read_gate = threading.Event()
+        self.write_gate = threading.Event()
         self.query_gate.set()
         self.read_gate.set()
+        self.write_gate.set()
         self.reading = threading.Event()
         self.reads = 0
         self.query_delay_s = 0.0
@@ -283,6 +286,12 @@ class Gated(ForwardingBackend):
         self.reading.set()
         assert self.read_gate.wait(WAIT_S), "the test never opened the read gate"
         return self.inner.batch_get_v1(keys, host_indices)
+
+    def batch_set_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        assert self.write_gate.wait(WAIT_S), "the test never opened the write gate"
+        return self.inner.batch_set_v1(keys, host_indices)
 
 
 @pytest.fixture(scope="module")
@@ -513,6 +522,38 @@ def test_pages_recomputed_over_a_cut_fetch_are_known_stored_and_not_written_agai
     written = cache.stats.pages_stored
     assert written < len([*prompt, *expected]) // PAGE - pages + 1, (
         f"{written} pages written: the pages storage holds were written again"
+    )
+
+
+def test_a_recomputed_stored_prefix_still_carries_what_follows_it_to_storage(
+    model: LlamaModel, stored: tuple[StorageBackend, list[int], list[int]]
+) -> None:
+    memory, prompt, _ = stored
+    backend = Gated(memory)
+    cache = build_cache(512, 256, backend, prefetch_policy=PrefetchPolicy.ADAPTIVE)
+    scheduler = Scheduler(model, cache)
+    cache.costs.observe_forward(1000, 1.0)
+    cache.costs.observe_read(1, 10.0)  # known slow: the stored prompt is recomputed
+    cache.costs.observe_query(1e-4, asked=1, found=1)
+    try:
+        backend.write_gate.clear()  # another conversation's pages wait for storage on the host
+        other = [5 + (i * 13) % (CONFIG.vocab_size - 5) for i in range(120)]
+        run(scheduler, scheduler.submit(Request(other, 4)))
+        assert cache.host_pool is not None
+        assert cache.host_pool.allocator.available_size() < len(prompt)
+        threading.Timer(0.3, backend.write_gate.set).start()
+        tail = [3 + (i * 7) % (CONFIG.vocab_size - 3) for i in range(40)]
+        request = scheduler.submit(Request([*prompt, *tail], 4))
+        run(scheduler, request)
+        assert request.storage_hit == 0 and cache.stats.prefetch_priced_out == 1
+    finally:
+        backend.write_gate.set()
+        scheduler.close()
+        cache.close()
+    tokens = [*prompt, *tail, *request.output][: len(prompt) + len(tail)]
+    keys = cache.scheme.keys(page_hashes(tokens, PAGE))
+    assert memory.batch_exists(keys) == len(keys), (
+        "the pages computed after the stored prefix never reached storage"
     )
 
 
