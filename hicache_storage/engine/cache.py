@@ -307,6 +307,9 @@ class CacheStats:
     pages_backed_up: int = 0
     pages_fetched: int = 0
     pages_stored: int = 0
+    pages_staged: int = 0
+    """Pages written through host slots outside the tree: their stored prefix found no host room
+    (they are in ``pages_stored`` too once written)."""
     pages_known_stored: int = 0
     """Pages a request computed that its storage query had found: marked stored, not written."""
     storage_bytes_read: int = 0
@@ -489,7 +492,9 @@ class TierCache:
         self._draining: list[Prefetch] = []
         self._fetching: list[tuple[Prefetch, Lookup]] = []
         self._reading: list[Prefetch] = []
-        self._writing: dict[int, tuple[Node, frozenset[str]]] = {}
+        self._writing: dict[int, tuple[Node, frozenset[str], torch.Tensor | None]] = {}
+        """Nodes whose pages are being written: their hashes, and the staging slots the pages
+        are written from when the node's host copy is not (:meth:`_stage`)."""
         self._host_copies: list[tuple[torch.Tensor, CopyFence]] = []
         """Device→host copies that may still be in flight: their host slots and fences."""
         host_size = 0 if host_pool is None else host_pool.size
@@ -1146,7 +1151,7 @@ class TierCache:
     @property
     def write_backlog_tokens(self) -> int:
         """Host tokens pinned until the writes queued for them are done."""
-        return sum(len(hashes) for _, hashes in self._writing.values()) * self.config.page_size
+        return sum(len(hashes) for _, hashes, _ in self._writing.values()) * self.config.page_size
 
     @property
     def threads(self) -> tuple[object, ...]:
@@ -1218,7 +1223,7 @@ class TierCache:
             unstored = not victim.stored and self.io is not None
             if unstored and victim.id not in self._write_failed and self._store_later(victim):
                 continue  # evicted once written (a failed write is not retried here)
-            if unstored:
+            if unstored and victim.id not in self._writing:  # a staged write still stores it
                 self.stats.pages_dropped += victim.num_tokens // self.config.page_size
             self._write_failed.discard(victim.id)
             pool.free(self.tree.evict_host(victim))
@@ -1248,22 +1253,16 @@ class TierCache:
         """L1→L2: copy a device node (and any ancestors not yet on the host) to the host.
 
         The path is locked meanwhile, so that making room on the host never evicts the part of
-        it already copied. A stretch storage holds is not worth a wait for writes to free host
-        room, unless a stretch below it is not stored: pages reach storage from the host, and a
-        node is on the host only under its parent (measured on the H200: requests that
-        recomputed a stored prefix never wrote what they computed after it, and every later
-        round of those conversations recomputed it again).
+        it already copied.
         """
         self.tree.lock(node)
         try:
-            steps = [s for s in self.tree.path(node) if not s.is_root and Tier.HOST not in s.tiers]
-            carries = [False] * len(steps)  # an unstored step at or below each one
-            below = False
-            for i in range(len(steps) - 1, -1, -1):
-                below = carries[i] = below or not steps[i].stored
-            for step, unstored_below in zip(steps, carries, strict=True):
+            for step in self.tree.path(node):
+                if step.is_root or Tier.HOST in step.tiers:
+                    continue
                 device = step.device_indices
-                host = self._alloc_host(step.num_tokens, stored_only=not unstored_below)
+                # A page storage holds is not worth a wait for writes to free host room.
+                host = self._alloc_host(step.num_tokens, stored_only=step.stored)
                 if device is None or host is None or self.transfer is None:
                     if host is not None and self.host_pool is not None:
                         self.host_pool.free(host)
@@ -1278,37 +1277,89 @@ class TierCache:
             self.tree.unlock(node)
 
     def _write_through(self, node: Node) -> None:
-        """Back ``node``'s path up to the host and queue its unstored pages for storage."""
+        """Back ``node``'s path up to the host and queue its unstored pages for storage.
+
+        Where the path cannot be put on the host, its unstored pages are written through
+        staging slots instead (:meth:`_stage`).
+        """
         if self.host_pool is None:
             return
-        if self._backup(node) and self.io is not None:
-            for step in self.tree.path(node):
-                if not step.is_root and not step.stored and Tier.HOST in step.tiers:
-                    self._store_later(step)
+        backed_up = self._backup(node)
+        if self.io is None:
+            return
+        for step in self.tree.path(node):
+            if step.is_root or step.stored:
+                continue
+            if Tier.HOST in step.tiers:
+                self._store_later(step)
+            elif not backed_up and not self._stage(step):
+                return
+
+    def _stage(self, node: Node) -> bool:
+        """Write a device node's pages to storage through host slots the tree does not hold.
+
+        A node is on the host only under its parent (the tree's prefix rule), so when a long
+        stored prefix finds no host room, the pages computed after it could reach storage no
+        other way: their conversation would recompute them every round. The slots come from
+        free room or stored host leaves (no wait) and go back once the write is done; False
+        when there is no such room or the writer refuses the job.
+        """
+        if node.id in self._writing:
+            return True
+        device = node.device_indices
+        if device is None or self.transfer is None or not self.scheme.is_writer:
+            return False
+        assert self.io is not None and self.host_pool is not None
+        host = self._alloc_host(node.num_tokens, stored_only=True)
+        if host is None:
+            return False
+        self.transfer.backup(device, host, max_gbps=self.config.backup_max_gbps)
+        fence = self.transfer.fence()
+        self._copies_in_flight().append((host, fence))  # freed slots may go to a fetch
+        keys = self.scheme.keys(node.hashes)
+        if not self.io.backup(Backup(keys, host, node.id, fence.wait, self.scheme.keys_per_page)):
+            self.host_pool.free(host)
+            return False
+        self._writing[node.id] = (node, frozenset(node.hashes), host)
+        self.stats.pages_staged += node.num_tokens // self.config.page_size
+        if self.write_backlog_tokens > self._backlog_tokens:
+            self.io.hurry()
+        return True
 
     def _store_later(self, node: Node) -> bool:
-        """Queue a host node's pages for storage, its host copy pinned until written."""
+        """Queue a host node's pages for storage, its host copy pinned until written.
+
+        False for a node whose pages are being written through staging slots: its host copy
+        is not needed for the write and may be evicted.
+        """
         host = node.host_indices
         if self.io is None or host is None or not self.scheme.is_writer:
             return False
         if node.id in self._writing:
-            return True
+            return self._writing[node.id][2] is None
         ready = None if self.transfer is None else self.transfer.fence().wait
         job = Backup(self.scheme.keys(node.hashes), host, node.id, ready, self.scheme.keys_per_page)
         if not self.io.backup(job):
             return False
         self.tree.pin_host(node)
-        self._writing[node.id] = (node, frozenset(node.hashes))
+        self._writing[node.id] = (node, frozenset(node.hashes), None)
         if self.write_backlog_tokens > self._backlog_tokens:
             self.io.hurry()  # the host fills with pages waiting for storage faster than it drains
         return True
 
     def _complete(self, done: BackupDone) -> None:
-        """Apply a finished backup: unpin, and mark stored every node of it still in the tree."""
+        """Apply a finished backup: unpin or free its slots, mark stored what is still in the tree.
+
+        A staged write (:meth:`_stage`) frees its staging slots; the others unpin the node's
+        host copy.
+        """
         ticket = done.backup.ticket
         assert isinstance(ticket, int)
-        node, hashes = self._writing.pop(ticket)
-        self.tree.unpin_host(node)
+        node, hashes, staging = self._writing.pop(ticket)
+        if staging is None:
+            self.tree.unpin_host(node)
+        elif self.host_pool is not None:
+            self.host_pool.free(staging)
         pages = len(hashes)
         if not done.stored:
             self.stats.backups_failed += pages

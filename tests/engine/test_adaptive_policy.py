@@ -525,32 +525,57 @@ def test_pages_recomputed_over_a_cut_fetch_are_known_stored_and_not_written_agai
     )
 
 
-def test_a_recomputed_stored_prefix_still_carries_what_follows_it_to_storage(
-    model: LlamaModel, stored: tuple[StorageBackend, list[int], list[int]]
+@pytest.mark.parametrize(
+    "host_tokens, others_held",
+    [(128, False), (256, True)],
+    ids=["host-smaller-than-the-prefix", "host-full-of-pending-writes"],
+)
+def test_pages_after_a_recomputed_stored_prefix_reach_storage_through_staging(
+    model: LlamaModel,
+    stored: tuple[StorageBackend, list[int], list[int]],
+    host_tokens: int,
+    others_held: bool,
 ) -> None:
     memory, prompt, _ = stored
     backend = Gated(memory)
-    cache = build_cache(512, 256, backend, prefetch_policy=PrefetchPolicy.ADAPTIVE)
+    cache = build_cache(512, host_tokens, backend, prefetch_policy=PrefetchPolicy.ADAPTIVE)
     scheduler = Scheduler(model, cache)
     cache.costs.observe_forward(1000, 1.0)
     cache.costs.observe_read(1, 10.0)  # known slow: the stored prompt is recomputed
     cache.costs.observe_query(1e-4, asked=1, found=1)
+    tail = [3 + (i * 7) % (CONFIG.vocab_size - 3) for i in range(40)]
+    tokens = [*prompt, *tail]
+    pool = cache.host_pool
+    assert pool is not None
+    backend.write_gate.clear()  # writes are held until the request has ended
     try:
-        backend.write_gate.clear()  # another conversation's pages wait for storage on the host
-        other = [5 + (i * 13) % (CONFIG.vocab_size - 5) for i in range(120)]
-        run(scheduler, scheduler.submit(Request(other, 4)))
-        assert cache.host_pool is not None
-        assert cache.host_pool.allocator.available_size() < len(prompt)
-        threading.Timer(0.3, backend.write_gate.set).start()
-        tail = [3 + (i * 7) % (CONFIG.vocab_size - 3) for i in range(40)]
-        request = scheduler.submit(Request([*prompt, *tail], 4))
+        held = 0
+        if others_held:  # another conversation's pages wait for storage on the host
+            other = [5 + (i * 13) % (CONFIG.vocab_size - 5) for i in range(120)]
+            run(scheduler, scheduler.submit(Request(other, 4)))
+            held = cache.write_backlog_tokens
+        assert pool.allocator.available_size() < len(prompt), "no room for the stored prompt"
+        request = scheduler.submit(Request(tokens, 4))
         run(scheduler, request)
         assert request.storage_hit == 0 and cache.stats.prefetch_priced_out == 1
+        staged = (len(tokens) - len(prompt)) // PAGE
+        assert cache.stats.pages_staged == staged
+        assert cache.write_backlog_tokens == held + staged * PAGE
+        assert unaccounted(cache) == staged * PAGE, "the staging slots are outside the tree"
+        backend.write_gate.set()
+        deadline = time.monotonic() + WAIT_S
+        while unaccounted(cache) or cache.write_backlog_tokens:
+            assert time.monotonic() < deadline, "the staging slots never came back"
+            time.sleep(0.005)
+            cache.poll()
+        match = cache.tree.match_prefix(tokens, touch=False)
+        assert match.matched_len == len(tokens) and all(
+            n.stored for n in cache.tree.path(match.last_node) if not n.is_root
+        ), "the staged pages are known stored once written"
     finally:
         backend.write_gate.set()
         scheduler.close()
         cache.close()
-    tokens = [*prompt, *tail, *request.output][: len(prompt) + len(tail)]
     keys = cache.scheme.keys(page_hashes(tokens, PAGE))
     assert memory.batch_exists(keys) == len(keys), (
         "the pages computed after the stored prefix never reached storage"
