@@ -626,6 +626,9 @@ class TierCache:
         ``between_layers`` (:meth:`start_reads`) leaves for the next step a fetch that would
         need a copy to the host or a write to make room.
         """
+        if not self._fetching:
+            self._load_early()
+            return
         page = self.config.page_size
         waiting: list[tuple[Prefetch, Lookup]] = []
         probing = self._probing()
