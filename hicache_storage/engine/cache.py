@@ -36,7 +36,7 @@ import dataclasses
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -1270,9 +1270,7 @@ class TierCache:
                     if host is not None and self.host_pool is not None:
                         self.host_pool.free(host)
                     return False
-                self.transfer.backup(device, host, max_gbps=self.config.backup_max_gbps)
-                if self.io is not None:  # a fetch may read into these slots once evicted
-                    self._copies_in_flight().append((host, self.transfer.fence()))
+                self._copy_to_host(device, host)
                 self.tree.attach_host(step, host)
                 self.stats.pages_backed_up += step.num_tokens // self.config.page_size
             return True
@@ -1316,17 +1314,11 @@ class TierCache:
         host = self._alloc_host(node.num_tokens, stored_only=True)
         if host is None:
             return False
-        self.transfer.backup(device, host, max_gbps=self.config.backup_max_gbps)
-        fence = self.transfer.fence()
-        self._copies_in_flight().append((host, fence))  # freed slots may go to a fetch
-        keys = self.scheme.keys(node.hashes)
-        if not self.io.backup(Backup(keys, host, node.id, fence.wait, self.scheme.keys_per_page)):
+        fence = self._copy_to_host(device, host)
+        if not self._queue_write(node, host, fence.wait, staging=host):
             self.host_pool.free(host)
             return False
-        self._writing[node.id] = (node, frozenset(node.hashes), host)
         self.stats.pages_staged += node.num_tokens // self.config.page_size
-        if self.write_backlog_tokens > self._backlog_tokens:
-            self.io.hurry()
         return True
 
     def _store_later(self, node: Node) -> bool:
@@ -1341,11 +1333,42 @@ class TierCache:
         if node.id in self._writing:
             return self._writing[node.id][2] is None
         ready = None if self.transfer is None else self.transfer.fence().wait
+        if not self._queue_write(node, host, ready, staging=None):
+            return False
+        self.tree.pin_host(node)
+        return True
+
+    def _copy_to_host(self, device: torch.Tensor, host: torch.Tensor) -> CopyFence:
+        """Queue the device→host copy of ``device`` into ``host``; return its fence.
+
+        With a storage tier the copy is remembered until done: a fetch may read into these
+        slots once they are freed (:meth:`_await_host_copies`).
+        """
+        assert self.transfer is not None
+        self.transfer.backup(device, host, max_gbps=self.config.backup_max_gbps)
+        fence = self.transfer.fence()
+        if self.io is not None:
+            self._copies_in_flight().append((host, fence))
+        return fence
+
+    def _queue_write(
+        self,
+        node: Node,
+        host: torch.Tensor,
+        ready: Callable[[], None] | None,
+        *,
+        staging: torch.Tensor | None,
+    ) -> bool:
+        """Queue ``node``'s pages at ``host`` for storage; False when the writer refuses them.
+
+        ``staging`` is the slots to free once written (a staged write), None for the node's
+        own host copy.
+        """
+        assert self.io is not None
         job = Backup(self.scheme.keys(node.hashes), host, node.id, ready, self.scheme.keys_per_page)
         if not self.io.backup(job):
             return False
-        self.tree.pin_host(node)
-        self._writing[node.id] = (node, frozenset(node.hashes), None)
+        self._writing[node.id] = (node, frozenset(node.hashes), staging)
         if self.write_backlog_tokens > self._backlog_tokens:
             self.io.hurry()  # the host fills with pages waiting for storage faster than it drains
         return True
