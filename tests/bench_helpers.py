@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import torch
 from typing_extensions import Buffer
 
 from hicache_storage.backend import StorageBackend, copy_into
@@ -66,6 +68,24 @@ class ForgetfulBackend(PlainBackend):
         return True
 
 
+class StrayBackend(PlainBackend):
+    """Reads its pages right, but the first read of pages other than the pool's first flips
+    the first byte of the pool: a write outside the call's pages."""
+
+    name = "stray"
+    strayed = False
+
+    def batch_get_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        hits = super().batch_get_v1(keys, host_indices)
+        if not self.strayed and 0 not in [int(i) for i in host_indices]:
+            self.strayed = True
+            grid = self.host_pool.kv_buffer.view(-1).view(torch.uint8)
+            grid[0] ^= 0xFF
+        return hits
+
+
 def _spec(name: str, factory: str, baseline: bool = True) -> BackendSpec:
     return BackendSpec(
         name=name,
@@ -84,5 +104,7 @@ class BrokenBackends:
         return [
             _spec("corrupting", "CorruptingBackend"),
             _spec("forgetful", "ForgetfulBackend"),
+            _spec("corrupting-v1", "CorruptingBackend", baseline=False),  # no raw v1 calls
+            _spec("stray", "StrayBackend", baseline=False),
             _spec("nobaseline", "PlainBackend", baseline=False),
         ]

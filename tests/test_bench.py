@@ -126,6 +126,16 @@ def test_run_bench_refuses_wrong_bytes() -> None:
 
 
 @pytest.mark.usefixtures("broken_backends")
+@pytest.mark.parametrize(
+    ("name", "message"), [("corrupting-v1", "wrong bytes"), ("stray", "outside its pages")]
+)
+def test_run_bench_v1_checks_every_page(name: str, message: str) -> None:
+    """The v1 mode compares each batch's pages as it reads them, and the whole pool per pass."""
+    with pytest.raises(BenchError, match=message):
+        run_bench(name, None, page_sizes=[4096], batch_size=3, batches=3, repeat=1, mode="v1")
+
+
+@pytest.mark.usefixtures("broken_backends")
 def test_run_bench_refuses_misses() -> None:
     with pytest.raises(BenchError, match="missed"):
         small_run("forgetful", [4096])

@@ -185,6 +185,8 @@ class BenchConfig:
         slow store, to see that the prefetch policy does not wait for it.
     transfer_sms, early_loads, write_backlog
         The cache's options of those names (:class:`~hicache_storage.engine.cache.CacheConfig`).
+    write_batch_bytes
+        The cache's option of that name; None for its default.
     """
 
     backend: str = "memory"
@@ -216,6 +218,7 @@ class BenchConfig:
     transfer_sms: int | None = 16
     early_loads: bool = False
     write_backlog: float = 0.25
+    write_batch_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.model not in _MODELS:
@@ -250,8 +253,9 @@ class BenchConfig:
             raise ConfigError(
                 f"concurrency must be a positive int or None, got {self.concurrency!r}"
             )
-        if self.transfer_sms is not None:
-            positive_int("transfer_sms", self.transfer_sms, ConfigError)
+        for name in ("transfer_sms", "write_batch_bytes"):
+            if getattr(self, name) is not None:
+                positive_int(name, getattr(self, name), ConfigError)
         if not isinstance(self.early_loads, bool):
             raise ConfigError(f"early_loads must be a bool, got {self.early_loads!r}")
         share("write_backlog", self.write_backlog, ConfigError)
@@ -773,6 +777,11 @@ def _build_cache(config: BenchConfig, name: str, backend: StorageBackend | None)
         transfer_sms=config.transfer_sms,
         early_loads=config.early_loads,
         write_backlog=config.write_backlog,
+        **(
+            {"write_batch_bytes": config.write_batch_bytes}
+            if config.write_batch_bytes is not None
+            else {}
+        ),
     )
     return build_cache(
         config.model_config(),

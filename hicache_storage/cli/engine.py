@@ -389,6 +389,11 @@ def engine_group() -> None:
     "hurries (default 0.25; 1 hurries only when room has to wait).",
 )
 @click.option(
+    "--write-batch-bytes",
+    type=click.IntRange(min=1),
+    help="Most bytes a background write moves per storage call (default 16 MiB; at least a page).",
+)
+@click.option(
     "--json",
     "json_path",
     metavar="FILE",
