@@ -1,6 +1,6 @@
 """Checked page I/O (``kit.read_checked``, ``kit.write_checked``, ``kit.read_files``,
-``kit.write_files``, ``kit.read_runs``): moves that checksum as they go, one page, a batch of
-one-file pages or a batch of values kept in ranges of large files.
+``kit.write_files``, ``kit.read_runs``, ``kit.write_runs``): moves that checksum as they go, one
+page, a batch of one-file pages or a batch of values kept in ranges of large files.
 
 The native loop and the Python path (a read, then a checksum) must agree with each other and with
 the ``crc32c`` package on every split of a page into buffers, every chunk size, a value followed
@@ -30,11 +30,13 @@ from hicache_storage.kit.pageio import (
     FileRead,
     FileWrite,
     RunRead,
+    RunWrite,
     read_checked,
     read_files,
     read_runs,
     write_checked,
     write_files,
+    write_runs,
 )
 
 X86 = platform.machine() in ("x86_64", "AMD64")
@@ -395,3 +397,56 @@ def test_read_runs_fill_ranges_in_order_and_checksum_across_them(
         os.close(fb)
     closed = read_runs([[(fa, 0, [memoryview(bytearray(4))])]] * 2, [4, 4], IOWorkers(2, "t"))
     assert [r.error for r in closed] == [errno.EBADF, errno.EBADF]
+
+
+def test_write_runs_write_ranges_in_order_and_checksum_across_them(
+    path_kind: str, tmp_path: Path
+) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(bytes(300_000))
+    b.write_bytes(bytes(300_000))
+    parts = [os.urandom(n) for n in (1000, 20_000, 50_000, 7)]
+    fa = os.open(a, os.O_RDWR)
+    fb = os.open(b, os.O_RDWR)
+    try:
+        # run 0: 1,000 bytes to b at 5, then two buffers to a at 100, chunked small so a run
+        # spans many writes; run 1: 7 bytes past the end of a (the file grows); run 2: nothing.
+        runs = [
+            [
+                (fb, 5, [memoryview(parts[0])]),
+                (fa, 100, [memoryview(parts[1]), memoryview(parts[2])]),
+            ],
+            [(fa, 299_998, [memoryview(parts[3])])],
+            [],
+        ]
+        got = write_runs(runs, IOWorkers(3, "t"), chunk_bytes=4096)
+    finally:
+        os.close(fa)
+        os.close(fb)
+    value = parts[0] + parts[1] + parts[2]
+    assert got == [
+        RunWrite(0, 71_000, crc32c.crc32c(value)),
+        RunWrite(0, 7, crc32c.crc32c(parts[3])),
+        RunWrite(0, 0, 0),
+    ]
+    assert b.read_bytes()[5:1005] == parts[0]
+    assert a.read_bytes()[100:70_100] == parts[1] + parts[2]
+    assert a.read_bytes()[299_998:] == parts[3]
+    assert a.read_bytes()[:100] == bytes(100)  # nothing outside the ranges
+    # A failed range stops its run there and is reported; the other runs are written.
+    good = os.open(a, os.O_RDWR)
+    ro = os.open(b, os.O_RDONLY)
+    try:
+        got = write_runs(
+            [
+                [(good, 0, [memoryview(b"xy")]), (ro, 0, [memoryview(b"z")])],
+                [(good, 10, [memoryview(b"w")])],
+            ],
+            IOWorkers(2, "t"),
+        )
+    finally:
+        os.close(good)
+        os.close(ro)
+    assert got[0] == RunWrite(errno.EBADF, 2, got[0].crc)
+    assert got[1] == RunWrite(0, 1, crc32c.crc32c(b"w"))
+    assert a.read_bytes()[:2] == b"xy" and a.read_bytes()[10:11] == b"w"

@@ -60,6 +60,7 @@ from hicache_storage.errors import (
 )
 from hicache_storage.kit import POSIX_ERRORS, ErrorMap, IOWorkers, MediumFaults, closed_guard, flat
 from hicache_storage.kit.integrity import RECORD_BYTES, check, seal, verify
+from hicache_storage.kit.integrity import record as make_record
 
 from .config import ThreeFSConfig, capabilities
 from .io import IORequest, SlotIO, open_io
@@ -604,23 +605,42 @@ class ThreeFSBackend(StorageBackend):
         """Write reserved slots, then commit them (or abort when anything went wrong)."""
         meta, io = self._parts()
         ids = [location.id for _, location in writes]
+        records = [bytearray(RECORD_BYTES) for _ in writes]
+        runs = [
+            self._plan(location, list(sources[i]), records[j])
+            for j, (i, location) in enumerate(writes)
+        ]
+        # A run ends with its record's request where it has one (see _plan).
+        sealed = [self._records and bool(location.extents) for _, location in writes]
 
-        def sealed(write: tuple[int, Location]) -> bytes:
-            i, location = write
+        def seal_one(j: int) -> None:
+            i, location = writes[j]
             generation = generation_of(granted.epoch, location.id)
-            return seal(keys[i], sources[i], generation=generation)
+            records[j][:] = seal(keys[i], sources[i], generation=generation)
 
         try:
-            # The records first, every page's CRC32C at once: one after another they would
-            # serialise the batch on the calling thread before a byte is written.
-            records = self._sealers.map(sealed, writes) if self._records else [b""] * len(writes)
-            requests = []
-            for (i, location), record in zip(writes, records, strict=True):
-                requests.extend(self._plan(location, list(sources[i]), record))
             self.medium_faults.check("write")
-            io.write(requests)
+            crcs = None
+            if self._records:  # each value checksummed while it is written, where the I/O can
+                crcs = io.write_checked(
+                    [run[:-1] if has else run for run, has in zip(runs, sealed, strict=True)]
+                )
+            if crcs is None:
+                # The records first, every page's CRC32C at once: one after another they would
+                # serialise the batch on the calling thread before a byte is written.
+                if self._records:
+                    self._sealers.map(seal_one, range(len(writes)))
+                io.write([request for run in runs for request in run])
+            else:
+                for j, ((i, location), crc) in enumerate(zip(writes, crcs, strict=True)):
+                    generation = generation_of(granted.epoch, location.id)
+                    records[j][:] = make_record(
+                        keys[i], location.length, crc, generation=generation
+                    )
+                # The records, 32 bytes each, as one run: one call, no thread of their own.
+                io.write_checked([[run[-1] for run, has in zip(runs, sealed, strict=True) if has]])
             if self.config.fsync == "before_commit":
-                io.sync([request.file for request in requests])
+                io.sync([request.file for run in runs for request in run])
         except BaseException:
             with contextlib.suppress(BackendError):
                 meta.abort(self.namespace, granted.epoch, ids)

@@ -33,7 +33,7 @@ from typing import Any, Literal, NamedTuple
 
 from hicache_storage.errors import ConfigError, MissingDependencyError
 from hicache_storage.kit.guard import DRAIN_S, CallGate
-from hicache_storage.kit.pageio import read_runs
+from hicache_storage.kit.pageio import read_runs, write_runs
 from hicache_storage.kit.parallel import IOWorkers
 from hicache_storage.kit.vectored import read_into, write_from
 
@@ -153,6 +153,22 @@ class SlotIO(abc.ABC):
         """
         return None
 
+    def write_checked(self, runs: Sequence[Sequence[IORequest]]) -> list[int] | None:
+        """Write each run (one value's ranges, in order); return each run's CRC32C, or None.
+
+        The CRC32C of a run's bytes is computed as they are written, for the value's integrity
+        record: no pass over the value before the write. None when this I/O cannot checksum as
+        it writes (the caller seals the values first and writes with :meth:`write`).
+
+        Raises
+        ------
+        OSError
+            If a write fails.
+        BackendClosedError
+            After :meth:`close`.
+        """
+        return None
+
     def write(self, requests: Sequence[IORequest]) -> None:
         """Write every request's buffers to its file range.
 
@@ -242,8 +258,9 @@ class SlotIO(abc.ABC):
 class PosixIO(SlotIO):
     """``os.preadv`` / ``os.pwritev`` straight into and out of the caller's buffers.
 
-    Checked reads (:meth:`read_checked`) move a whole batch of values with
-    :func:`~hicache_storage.kit.read_runs`: the CRC32C of each chunk while it is cache-hot, on
+    Checked reads and writes (:meth:`read_checked`, :meth:`write_checked`) move a whole batch
+    of values with :func:`~hicache_storage.kit.read_runs` and
+    :func:`~hicache_storage.kit.write_runs`: the CRC32C of each chunk while it is cache-hot, on
     the native helper's threads, the GIL given up once a batch.
     """
 
@@ -266,6 +283,16 @@ class PosixIO(SlotIO):
             if result.read < sum(request.nbytes for request in run):
                 last = run[-1]
                 raise OSError(errno.EIO, f"{self.paths[last.file]} ends before {last.offset}")
+        return [result.crc for result in results]
+
+    def write_checked(self, runs: Sequence[Sequence[IORequest]]) -> list[int] | None:
+        """Write each run and CRC32C its bytes as they go (see base)."""
+        with self._gate.inside():
+            specs = [[(self.fds[r.file], r.offset, r.buffers) for r in run] for run in runs]
+            results = write_runs(specs, self._runs)
+        for result in results:
+            if result.error:
+                raise OSError(result.error, os.strerror(result.error))
         return [result.crc for result in results]
 
     def _release(self) -> None:

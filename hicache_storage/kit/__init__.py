@@ -7,8 +7,8 @@ Everything here is public API, used by the built-in backends and the same for th
 * :mod:`~hicache_storage.kit.pageio`: vectored page I/O over file descriptors and streams,
   handling short transfers and ``IOV_MAX``, reads and writes checksummed as they move
   (:func:`read_checked`, :func:`write_checked`), and whole batches of one-file pages moved
-  without holding the GIL (:func:`read_files`, :func:`write_files`, and :func:`read_runs` for
-  values kept in ranges of large files);
+  without holding the GIL (:func:`read_files`, :func:`write_files`, and :func:`read_runs` and
+  :func:`write_runs` for values kept in ranges of large files);
 * :mod:`~hicache_storage.kit.files`: the fan-out path scheme (:class:`FanoutPaths`) and the
   temp-file-then-link writer (:class:`AtomicFiles`) of one-file-per-key backends;
 * :mod:`~hicache_storage.kit.formats`: :class:`FormatManifest`, the per-directory record of
@@ -110,6 +110,7 @@ if TYPE_CHECKING:
         FileRead,
         FileWrite,
         RunRead,
+        RunWrite,
         flat,
         nbytes,
         read_checked,
@@ -121,6 +122,7 @@ if TYPE_CHECKING:
         write_checked,
         write_files,
         write_from,
+        write_runs,
         write_views,
     )
     from .parallel import (
@@ -178,6 +180,8 @@ _EXPORTS = {
     "read_files": ".pageio",
     "read_runs": ".pageio",
     "RunRead": ".pageio",
+    "RunWrite": ".pageio",
+    "write_runs": ".pageio",
     "write_files": ".pageio",
     "FileRead": ".pageio",
     "FileWrite": ".pageio",
@@ -246,6 +250,7 @@ __all__ = [
     "ProcessSpec",
     "Rule",
     "RunRead",
+    "RunWrite",
     "SERVICES_ENV",
     "ServerControl",
     "ServiceState",
@@ -284,6 +289,7 @@ __all__ = [
     "write_checked",
     "write_files",
     "write_from",
+    "write_runs",
     "write_views",
 ]
 

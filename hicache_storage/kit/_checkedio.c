@@ -284,12 +284,13 @@ read_loop(int fd, Cursor *at, long long offset, size_t chunk, size_t checked, si
 }
 
 /* Write the cursor's buffers back to back to fd at offset, each chunk checksummed just before
- * it is written; return 0 or an errno. */
+ * it is written into the CRC32C register *crc (continued, as read_loop does); return 0 or an
+ * errno. */
 HW static int
 write_loop(int fd, Cursor *at, long long offset, size_t chunk, size_t *moved, uint32_t *crc)
 {
     struct iovec iov[MAX_IOV];
-    uint32_t reg = ~(uint32_t)0;
+    uint32_t reg = *crc;
     size_t total = 0;
     for (;;) {
         int used = gather(at, chunk, iov);
@@ -310,10 +311,12 @@ write_loop(int fd, Cursor *at, long long offset, size_t chunk, size_t *moved, ui
                     continue;
                 }
                 *moved = total;
+                *crc = reg;
                 return errno;
             }
             if (put == 0) {
                 *moved = total;
+                *crc = reg;
                 return EIO;
             }
             total += (size_t)put;
@@ -331,7 +334,7 @@ write_loop(int fd, Cursor *at, long long offset, size_t chunk, size_t *moved, ui
         }
     }
     *moved = total;
-    *crc = ~reg;
+    *crc = reg;
     return 0;
 }
 
@@ -381,12 +384,12 @@ checked_write(PyObject *module, PyObject *args)
         return NULL;
     }
     size_t total = 0;
-    uint32_t crc = 0;
+    uint32_t reg = ~(uint32_t)0;
     int error;
     Py_BEGIN_ALLOW_THREADS
-    error = write_loop(fd, &at, offset, (size_t)chunk, &total, &crc);
+    error = write_loop(fd, &at, offset, (size_t)chunk, &total, &reg);
     Py_END_ALLOW_THREADS
-    return finish(&at, error, total, ~crc);
+    return finish(&at, error, total, reg);
 }
 
 /* -- batches: one file per page, on threads of their own ------------------------------------ */
@@ -409,7 +412,8 @@ typedef struct {
     int outcome;
 } Job;
 
-/* read_runs: one value read from ranges of open files, in order, with one CRC32C over it. */
+/* read_runs / write_runs: one value moved through ranges of open files, in order, with one
+ * CRC32C over it. */
 typedef struct {
     int fd;
     long long offset;
@@ -419,14 +423,14 @@ typedef struct {
 typedef struct {
     Range *ranges;
     Py_ssize_t count;
-    size_t checked;    /* bytes the CRC32C covers, from the first range on */
+    size_t checked;    /* reads: bytes the CRC32C covers, from the first range on */
     /* results */
     int error;
     size_t moved;
     uint32_t crc;
 } Run;
 
-enum { READ_FILES, WRITE_FILES, READ_RUNS };
+enum { READ_FILES, WRITE_FILES, READ_RUNS, WRITE_RUNS };
 
 typedef struct {
     Job *jobs;
@@ -514,7 +518,9 @@ write_job(const Batch *batch, Job *job)
         job->error = errno;
         return;
     }
-    int error = write_loop(fd, &job->at, 0, batch->chunk, &job->moved, &job->crc);
+    uint32_t reg = ~(uint32_t)0;
+    int error = write_loop(fd, &job->at, 0, batch->chunk, &job->moved, &reg);
+    job->crc = ~reg;
     if (!error && job->sealed) {
         error = seal_file(fd, job);
     }
@@ -565,6 +571,22 @@ read_run(const Batch *batch, Run *run)
     run->crc = ~reg;
 }
 
+static void
+write_run(const Batch *batch, Run *run)
+{
+    uint32_t reg = ~(uint32_t)0;
+    for (Py_ssize_t i = 0; i < run->count; i++) {
+        Range *range = &run->ranges[i];
+        size_t put = 0;
+        run->error = write_loop(range->fd, &range->at, range->offset, batch->chunk, &put, &reg);
+        run->moved += put;
+        if (run->error) {
+            break;
+        }
+    }
+    run->crc = ~reg;
+}
+
 static void *
 work(void *arg)
 {
@@ -580,8 +602,11 @@ work(void *arg)
         else if (batch->mode == READ_FILES) {
             read_job(batch, &batch->jobs[i]);
         }
-        else {
+        else if (batch->mode == READ_RUNS) {
             read_run(batch, &batch->runs[i]);
+        }
+        else {
+            write_run(batch, &batch->runs[i]);
         }
     }
 }
@@ -840,9 +865,10 @@ free_runs(Run *runs, Py_ssize_t count)
     PyMem_Free(runs);
 }
 
-/* Fill one run from a sequence of (fd, offset, buffers); -1 with an exception set. */
+/* Fill one run from a sequence of (fd, offset, buffers), holding the buffers with `flags`;
+ * -1 with an exception set. */
 static int
-prepare_run(PyObject *spec, Run *run)
+prepare_run(PyObject *spec, int flags, Run *run)
 {
     PyObject *ranges = PySequence_Fast(spec, "a run is a sequence of (fd, offset, buffers)");
     if (ranges == NULL) {
@@ -868,7 +894,7 @@ prepare_run(PyObject *spec, Run *run)
             Py_DECREF(ranges);
             return -1;
         }
-        if (hold_all(buffers, PyBUF_WRITABLE, &range->at.views, &range->at.count) < 0) {
+        if (hold_all(buffers, flags, &range->at.views, &range->at.count) < 0) {
             Py_DECREF(ranges);
             return -1;
         }
@@ -912,7 +938,7 @@ runs_read(PyObject *module, PyObject *args)
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         if (checked_size(checked, i, &runs[i].checked) < 0 ||
-            prepare_run(PySequence_Fast_GET_ITEM(specs, i), &runs[i]) < 0) {
+            prepare_run(PySequence_Fast_GET_ITEM(specs, i), PyBUF_WRITABLE, &runs[i]) < 0) {
             goto done;
         }
     }
@@ -923,6 +949,47 @@ done:
         free_runs(runs, n);
     }
     Py_XDECREF(checked);
+    Py_XDECREF(specs);
+    return result;
+}
+
+static PyObject *
+runs_write(PyObject *module, PyObject *args)
+{
+    PyObject *runs_arg;
+    int threads;
+    Py_ssize_t chunk;
+    if (!PyArg_ParseTuple(args, "Oni:write_runs", &runs_arg, &chunk, &threads)) {
+        return NULL;
+    }
+    if (check_batch(chunk, threads) < 0) {
+        return NULL;
+    }
+    PyObject *specs = PySequence_Fast(runs_arg, "runs must be a sequence");
+    PyObject *result = NULL;
+    Run *runs = NULL;
+    Py_ssize_t n = 0;
+    if (specs == NULL) {
+        goto done;
+    }
+    n = PySequence_Fast_GET_SIZE(specs);
+    runs = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Run));
+    if (runs == NULL) {
+        PyErr_NoMemory();
+        n = 0;
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (prepare_run(PySequence_Fast_GET_ITEM(specs, i), 0, &runs[i]) < 0) {
+            goto done;
+        }
+    }
+    Batch batch = {NULL, runs, n, 0, (size_t)chunk, 0, 0, WRITE_RUNS};
+    result = run_and_report(&batch, threads, report_run);
+done:
+    if (runs != NULL) {
+        free_runs(runs, n);
+    }
     Py_XDECREF(specs);
     return result;
 }
@@ -959,6 +1026,12 @@ static PyMethodDef methods[] = {
      "files in order, the CRC32C continued across them over its first checked[i] bytes. Up\n"
      "to `threads` runs at once, the GIL released for the whole batch. A run stops at its\n"
      "first failed or short range (read says how far it got)."},
+    {"write_runs", runs_write, METH_VARARGS,
+     "write_runs(runs, chunk, threads) -> [(errno, written, crc32c)]\n\n"
+     "Each run is a sequence of (fd, offset, buffers): one value written to ranges of open\n"
+     "files in order, each chunk checksummed just before it is written, the CRC32C continued\n"
+     "across the run. Up to `threads` runs at once, the GIL released for the whole batch. A\n"
+     "run stops at its first failed range (written says how far it got)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,7 +8,8 @@ transfers; :func:`readinto_views` and :func:`write_views` do the same over any b
 :func:`read_checked` and :func:`write_checked` move a page and CRC32C it in one pass, for a
 backend that keeps an integrity record beside each value.
 
-:func:`read_files` and :func:`write_files` move a whole batch of pages, one file each. Where the
+:func:`read_files` and :func:`write_files` move a whole batch of pages, one file each, and
+:func:`read_runs` and :func:`write_runs` a batch of values kept in ranges of large files. Where the
 native helper is built, the batch runs on threads of its own and the caller gives up the GIL once
 for all of it: a batch moved page by page from Python threads takes the GIL back after every
 ``open``, read and ``close``, each time from the thread that launches a model's kernels, and on
@@ -41,6 +42,7 @@ __all__ = [
     "FileRead",
     "FileWrite",
     "RunRead",
+    "RunWrite",
     "flat",
     "nbytes",
     "read_checked",
@@ -52,6 +54,7 @@ __all__ = [
     "write_checked",
     "write_files",
     "write_from",
+    "write_runs",
     "write_views",
 ]
 
@@ -365,6 +368,58 @@ def _read_run(ranges: Sequence[Range], checked: int) -> RunRead:
         if got < nbytes(buffers):
             break
     return RunRead(0, total, checksum(_prefix(views, min(checked, total))))
+
+
+class RunWrite(NamedTuple):
+    """What :func:`write_runs` did with one run."""
+
+    error: int
+    """0, or the errno of the failed write (the run stopped there)."""
+    written: int
+    """Bytes written over all the run's ranges."""
+    crc: int
+    """CRC32C of the bytes written, for the value's integrity record."""
+
+
+def write_runs(
+    runs: Sequence[Sequence[Range]],
+    workers: IOWorkers,
+    *,
+    chunk_bytes: int = CHECK_CHUNK_BYTES,
+) -> list[RunWrite]:
+    """Write each run, one value stored in ranges of open files, and CRC32C it as it goes.
+
+    The mirror of :func:`read_runs`: a run's ranges are written in order, each chunk
+    checksummed just before it is written (the write then reads it from the cache), the CRC32C
+    continued across the run, so a value's integrity record
+    (:func:`~hicache_storage.kit.integrity.record`) costs no second pass over its bytes. Up to
+    ``workers.threads`` runs are in flight, on the native helper's threads where it is built
+    (the GIL given up once a batch); a run stops at its first failed range. Failures are
+    reported, never raised.
+
+    Raises
+    ------
+    BackendClosedError
+        If ``workers`` is closed.
+    """
+    if _CHECKED is not None and runs:
+        with workers.share(len(runs)) as threads:
+            raw = _CHECKED.write_runs(runs, chunk_bytes, threads)
+        return [RunWrite(*row) for row in raw]
+    return workers.map(lambda i: _write_run(runs[i]), range(len(runs)))
+
+
+def _write_run(ranges: Sequence[Range]) -> RunWrite:
+    total = 0
+    views: list[memoryview] = []
+    for fd, offset, buffers in ranges:
+        try:
+            write_from(fd, buffers, offset)
+        except OSError as exc:
+            return RunWrite(exc.errno or errno.EIO, total, 0)
+        total += nbytes(buffers)
+        views.extend(buffers)
+    return RunWrite(0, total, checksum(views))
 
 
 def _prefix(views: Sequence[memoryview], size: int) -> list[memoryview]:

@@ -16,6 +16,7 @@ from hicache_storage import create_backend
 from hicache_storage.backends.threefs import ThreeFSBackend, ThreeFSConfig
 from hicache_storage.backends.threefs import backend as threefs_backend
 from hicache_storage.backends.threefs.baseline import RawFileBaseline
+from hicache_storage.backends.threefs.io import PosixIO, SlotIO
 from hicache_storage.backends.threefs.provision import metadata_service
 from hicache_storage.config import Deployment
 from hicache_storage.errors import (
@@ -162,10 +163,37 @@ def test_mla_with_in_process_metadata_refused(tmp_path: Path) -> None:
         ThreeFSBackend(config, Deployment(is_mla=True, tp_size=2, tp_rank=1))
 
 
-def test_a_batch_seals_its_pages_at_once_and_reads_them_back(
+def _v1_round_trip(tmp_path: Path) -> None:
+    """Store six pages of a host pool in one batch, read them into six other slots, compare."""
+    options = {"path": str(tmp_path), **SMALL, "io_threads": 4}
+    pool = MHAHostPool(48, 4, 1, 1, 256, dtype=torch.uint8, layout="page_first", pin_memory=False)
+    pool.kv_buffer.random_(0, 255)
+    with create_backend("3fs", options) as backend:
+        backend.register_host_pool(pool)
+        keys = [f"p{i}" for i in range(6)]
+        assert backend.batch_set_v1(keys, torch.arange(0, 24)) == [True] * 6
+        assert backend.batch_get_v1(keys, torch.arange(24, 48)) == [True] * 6
+        assert torch.equal(pool.kv_buffer[:, 24:48], pool.kv_buffer[:, :24])
+
+
+def test_posix_writes_checksum_pages_as_they_write(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Integrity records are computed on several threads, not one page after another."""
+    """On POSIX I/O a value's record comes from the CRC32C taken while it was written: no
+    pass over the page before the write, and the record still proves the bytes on read."""
+
+    def no_seal(*args: Any, **kwargs: Any) -> bytes:
+        raise AssertionError("a page was checksummed before its write")
+
+    monkeypatch.setattr(threefs_backend, "seal", no_seal)
+    _v1_round_trip(tmp_path)
+
+
+def test_a_batch_seals_its_pages_at_once_where_the_io_cannot_checksum(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the I/O cannot checksum as it writes (usrbio), the integrity records are computed
+    on several threads before the write, not one page after another."""
     lock = threading.Lock()
     inside, most = 0, 0
 
@@ -180,16 +208,9 @@ def test_a_batch_seals_its_pages_at_once_and_reads_them_back(
         return seal(*args, **kwargs)
 
     monkeypatch.setattr(threefs_backend, "seal", slow_seal)
-    options = {"path": str(tmp_path), **SMALL, "io_threads": 4}
-    pool = MHAHostPool(48, 4, 1, 1, 256, dtype=torch.uint8, layout="page_first", pin_memory=False)
-    pool.kv_buffer.random_(0, 255)
-    with create_backend("3fs", options) as backend:
-        backend.register_host_pool(pool)
-        keys = [f"p{i}" for i in range(6)]
-        assert backend.batch_set_v1(keys, torch.arange(0, 24)) == [True] * 6
-        assert 1 < most <= 4, f"{most} seals at once with 4 io_threads"
-        assert backend.batch_get_v1(keys, torch.arange(24, 48)) == [True] * 6
-        assert torch.equal(pool.kv_buffer[:, 24:48], pool.kv_buffer[:, :24])
+    monkeypatch.setattr(PosixIO, "write_checked", SlotIO.write_checked)
+    _v1_round_trip(tmp_path)
+    assert 1 < most <= 4, f"{most} seals at once with 4 io_threads"
 
 
 def test_baseline_uses_the_data_file_and_gives_its_region_back(tmp_path: Path) -> None:
