@@ -769,6 +769,9 @@ def _check_fits(config: BenchConfig, turns: Sequence[Turn]) -> None:
 
 
 def _build_cache(config: BenchConfig, name: str, backend: StorageBackend | None) -> TierCache:
+    defaults: dict[str, Any] = {}  # the cache's own where the bench leaves an option unset
+    if config.write_batch_bytes is not None:
+        defaults["write_batch_bytes"] = config.write_batch_bytes
     cache_config = CacheConfig(
         config.page_size,
         prefix_cache=name != "no-cache",
@@ -777,11 +780,7 @@ def _build_cache(config: BenchConfig, name: str, backend: StorageBackend | None)
         transfer_sms=config.transfer_sms,
         early_loads=config.early_loads,
         write_backlog=config.write_backlog,
-        **(
-            {"write_batch_bytes": config.write_batch_bytes}
-            if config.write_batch_bytes is not None
-            else {}
-        ),
+        **defaults,
     )
     return build_cache(
         config.model_config(),
