@@ -32,8 +32,8 @@ common=(--device cuda --page-size 64 --chunk-tokens 8192 --max-new-tokens 4 --co
 documents=(--workload documents --rounds 3 --document-tokens 8192 --question-tokens 64
            --device-tokens 36864)
 file() { echo "{\"root\": \"$l3/$1\"}"; }
-threefs() {  # 8 MiB slots: one page of the 8B shape (64 tokens x 128 KiB)
-  echo "{\"path\": \"$l3/$1\", \"slot_bytes\": 8388608, \"file_size\": 8589934592, \"file_count\": 4}"
+threefs() {  # 8 MiB slots: one page of the 8B shape (64 tokens x 128 KiB); 16 files: writes to one file are serialised
+  echo "{\"path\": \"$l3/$1\", \"slot_bytes\": 8388608, \"file_size\": 2147483648, \"file_count\": 16}"
 }
 
 bench() {

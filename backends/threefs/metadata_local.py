@@ -2,9 +2,13 @@
 
 One :class:`LocalMetadata` holds any number of namespaces behind one lock. Per namespace:
 
-* free slots are a min-heap of released slots plus a high-water mark below which every slot has
-  been handed out once, so a fresh namespace of millions of slots costs nothing and allocations
-  come out as long runs of consecutive slots;
+* free slots are kept per data file: a min-heap of released slots plus a high-water mark below
+  which every slot of the file has been handed out once, so a fresh namespace of millions of
+  slots costs nothing and a value's slots come out as runs of consecutive slots of one file;
+* consecutive values start in consecutive files, so the pages of a batch are spread over the
+  files: a kernel filesystem serialises buffered writes to one file (ext4 and XFS hold the
+  file's lock for each ``pwrite``), and a batch whose slots all sat in one file was written one
+  page at a time however many I/O threads moved it;
 * committed entries sit in an ordered dict in LRU order (a confirmed read moves an entry to the
   end), and a reservation that needs room evicts from the front;
 * pending reservations carry a wall-clock expiry (their lease); an expired one is dropped and its
@@ -86,26 +90,43 @@ class _Namespace:
         self.pending: dict[str, _Entry] = {}
         self.by_id: dict[int, _Entry] = {}
         self.expiries: list[tuple[float, int]] = []
-        self.free: list[int] = []
-        self.high = 0
+        files = geometry.file_count
+        self.free: list[list[int]] = [[] for _ in range(files)]
+        """Per file: released slots (global slot numbers), a min-heap."""
+        self.high = [0] * files
+        """Per file: slots (within the file) below which every one was handed out once."""
+        self.next_file = 0
+        """The file the next value's slots are taken from first."""
         self.committed_slots = 0
         self.committed_bytes = 0
         self.reserved_slots = 0
         self.counters = {"evictions": 0, "expired": 0, "commits": 0, "aborts": 0, "deletes": 0}
 
     def free_count(self) -> int:
-        return len(self.free) + self.geometry.total_slots - self.high
+        return sum(len(free) for free in self.free) + self.geometry.total_slots - sum(self.high)
 
     def take(self, n: int) -> list[Extent]:
-        taken = [heapq.heappop(self.free) for _ in range(min(n, len(self.free)))]
-        rest = n - len(taken)
-        taken.extend(range(self.high, self.high + rest))
-        self.high += rest
-        return _runs(taken)
+        """Take ``n`` free slots (there are that many), from the next file first."""
+        files, per_file = self.geometry.file_count, self.geometry.slots_per_file
+        start = self.next_file
+        self.next_file = (start + 1) % files
+        taken: list[int] = []
+        for file in [(start + i) % files for i in range(files)]:
+            free = self.free[file]
+            while free and len(taken) < n:
+                taken.append(heapq.heappop(free))
+            rest = min(n - len(taken), per_file - self.high[file])
+            first = file * per_file + self.high[file]
+            taken.extend(range(first, first + rest))
+            self.high[file] += rest
+            if len(taken) == n:
+                break
+        return _runs(sorted(taken))
 
     def release(self, entry: _Entry) -> None:
+        per_file = self.geometry.slots_per_file
         for slot in _slots(entry.extents):
-            heapq.heappush(self.free, slot)
+            heapq.heappush(self.free[slot // per_file], slot)
 
     def add_pending(self, entry: _Entry) -> None:
         self.pending[entry.key] = entry
@@ -133,9 +154,17 @@ class _Namespace:
 
     def rebuild_free(self) -> None:
         """Recompute the free slots from the entries (after a restore)."""
-        used = {slot for entry in self.by_id.values() for slot in _slots(entry.extents)}
-        self.high = max(used) + 1 if used else 0
-        self.free = [slot for slot in range(self.high) if slot not in used]
+        per_file = self.geometry.slots_per_file
+        used: list[set[int]] = [set() for _ in self.free]
+        for entry in self.by_id.values():
+            for slot in _slots(entry.extents):
+                used[slot // per_file].add(slot)
+        for file, held in enumerate(used):
+            base = file * per_file
+            self.high[file] = max(held) - base + 1 if held else 0
+            self.free[file] = [
+                slot for slot in range(base, base + self.high[file]) if slot not in held
+            ]
 
 
 class LocalMetadata(Metadata):

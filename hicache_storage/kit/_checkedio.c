@@ -904,45 +904,47 @@ prepare_run(PyObject *spec, int flags, Run *run)
     return 0;
 }
 
+/* Read (mode READ_RUNS, with `checked_arg`) or write (WRITE_RUNS, NULL) each run of
+ * `runs_arg` on up to `threads` threads, the GIL released; return the runs' reports. */
 static PyObject *
-runs_read(PyObject *module, PyObject *args)
+move_runs(PyObject *runs_arg, PyObject *checked_arg, Py_ssize_t chunk, int threads, int mode)
 {
-    PyObject *runs_arg, *checked_arg;
-    int threads;
-    Py_ssize_t chunk;
-    if (!PyArg_ParseTuple(args, "OOni:read_runs", &runs_arg, &checked_arg, &chunk, &threads)) {
-        return NULL;
-    }
     if (check_batch(chunk, threads) < 0) {
         return NULL;
     }
     PyObject *specs = PySequence_Fast(runs_arg, "runs must be a sequence");
-    PyObject *checked = specs ? PySequence_Fast(checked_arg, "checked must be a sequence") : NULL;
+    PyObject *checked = NULL;
     PyObject *result = NULL;
     Run *runs = NULL;
     Py_ssize_t n = 0;
-    if (checked == NULL) {
+    if (specs == NULL) {
         goto done;
+    }
+    if (checked_arg != NULL) {
+        checked = PySequence_Fast(checked_arg, "checked must be a sequence");
+        if (checked == NULL) {
+            goto done;
+        }
+        if (PySequence_Fast_GET_SIZE(checked) != PySequence_Fast_GET_SIZE(specs)) {
+            PyErr_SetString(PyExc_ValueError, "checked must hold one size per run");
+            goto done;
+        }
     }
     n = PySequence_Fast_GET_SIZE(specs);
-    if (PySequence_Fast_GET_SIZE(checked) != n) {
-        PyErr_SetString(PyExc_ValueError, "checked must hold one size per run");
-        n = 0;
-        goto done;
-    }
     runs = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Run));
     if (runs == NULL) {
         PyErr_NoMemory();
         n = 0;
         goto done;
     }
+    int flags = mode == READ_RUNS ? PyBUF_WRITABLE : 0; /* reads fill the buffers */
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (checked_size(checked, i, &runs[i].checked) < 0 ||
-            prepare_run(PySequence_Fast_GET_ITEM(specs, i), PyBUF_WRITABLE, &runs[i]) < 0) {
+        if ((checked != NULL && checked_size(checked, i, &runs[i].checked) < 0) ||
+            prepare_run(PySequence_Fast_GET_ITEM(specs, i), flags, &runs[i]) < 0) {
             goto done;
         }
     }
-    Batch batch = {NULL, runs, n, 0, (size_t)chunk, 0, 0, READ_RUNS};
+    Batch batch = {NULL, runs, n, 0, (size_t)chunk, 0, 0, mode};
     result = run_and_report(&batch, threads, report_run);
 done:
     if (runs != NULL) {
@@ -954,6 +956,18 @@ done:
 }
 
 static PyObject *
+runs_read(PyObject *module, PyObject *args)
+{
+    PyObject *runs_arg, *checked_arg;
+    int threads;
+    Py_ssize_t chunk;
+    if (!PyArg_ParseTuple(args, "OOni:read_runs", &runs_arg, &checked_arg, &chunk, &threads)) {
+        return NULL;
+    }
+    return move_runs(runs_arg, checked_arg, chunk, threads, READ_RUNS);
+}
+
+static PyObject *
 runs_write(PyObject *module, PyObject *args)
 {
     PyObject *runs_arg;
@@ -962,36 +976,7 @@ runs_write(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "Oni:write_runs", &runs_arg, &chunk, &threads)) {
         return NULL;
     }
-    if (check_batch(chunk, threads) < 0) {
-        return NULL;
-    }
-    PyObject *specs = PySequence_Fast(runs_arg, "runs must be a sequence");
-    PyObject *result = NULL;
-    Run *runs = NULL;
-    Py_ssize_t n = 0;
-    if (specs == NULL) {
-        goto done;
-    }
-    n = PySequence_Fast_GET_SIZE(specs);
-    runs = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Run));
-    if (runs == NULL) {
-        PyErr_NoMemory();
-        n = 0;
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (prepare_run(PySequence_Fast_GET_ITEM(specs, i), 0, &runs[i]) < 0) {
-            goto done;
-        }
-    }
-    Batch batch = {NULL, runs, n, 0, (size_t)chunk, 0, 0, WRITE_RUNS};
-    result = run_and_report(&batch, threads, report_run);
-done:
-    if (runs != NULL) {
-        free_runs(runs, n);
-    }
-    Py_XDECREF(specs);
-    return result;
+    return move_runs(runs_arg, NULL, chunk, threads, WRITE_RUNS);
 }
 
 static PyMethodDef methods[] = {

@@ -393,3 +393,22 @@ def test_the_70b_layer_shape_is_llama_3_70b_per_layer() -> None:
         8192, 64, 8, 28672,
     )  # fmt: skip
     assert shape.layers == 20 and shape.kv_bytes_per_token == 80 * 1024
+
+
+def test_the_write_width_reaches_the_cache_and_is_checked() -> None:
+    """``--write-batch-bytes`` sets the cache's option; unset, the cache keeps its default."""
+    from hicache_storage.bench.engine import _build_cache
+    from hicache_storage.engine.cache import CacheConfig
+
+    wide = _build_cache(BenchConfig(write_batch_bytes=1 << 26), "L1+L2", None)
+    plain = _build_cache(BenchConfig(), "L1+L2", None)
+    try:
+        assert wide.config.write_batch_bytes == 1 << 26
+        assert plain.config.write_batch_bytes == CacheConfig(8).write_batch_bytes
+    finally:
+        wide.close()
+        plain.close()
+    with pytest.raises(ConfigError, match="write_batch_bytes"):
+        BenchConfig(write_batch_bytes=0)
+    result = CliRunner().invoke(main, ["engine", "bench", "--write-batch-bytes", "0"])
+    assert result.exit_code != 0 and "--write-batch-bytes" in result.output

@@ -141,9 +141,23 @@ def test_geometry_mismatch_refused(meta: LocalMetadata) -> None:
     assert meta.open("another", other) == meta.epoch
 
 
-def test_fresh_namespace_hands_out_consecutive_slots(meta: LocalMetadata) -> None:
-    grants = meta.reserve(NS, GEO, [("a", 300), ("b", 300)]).grants
-    assert [g.extents for g in grants] == [[(0, 3)], [(3, 3)]]
+def test_values_take_consecutive_slots_starting_in_the_next_file(meta: LocalMetadata) -> None:
+    grants = meta.reserve(NS, GEO, [("a", 300), ("b", 300), ("c", 300)]).grants
+    # a: file 0; b: file 1 (slots 5-9); c: the rest of file 0, then file 1's last slot.
+    assert [g.extents for g in grants] == [[(0, 3)], [(5, 3)], [(3, 2), (8, 1)]]
+
+
+def test_a_batch_of_pages_is_spread_over_the_files(meta: LocalMetadata) -> None:
+    """Buffered writes to one file are serialised by the kernel: a batch's pages go to
+    different files, round the files in turn, and freed slots are reused in their own file."""
+    geometry = Geometry(slot_bytes=100, slots_per_file=8, file_count=4)
+    keys = [f"p{i}" for i in range(8)]
+    grants = meta.reserve("spread", geometry, [(key, 100) for key in keys]).grants
+    slots = [g.extents[0][0] for g in grants]
+    assert [slot // 8 for slot in slots] == [0, 1, 2, 3, 0, 1, 2, 3]
+    meta.abort("spread", meta.epoch, [g.id for g in grants[:4]])
+    again = meta.reserve("spread", geometry, [(f"q{i}", 100) for i in range(4)]).grants
+    assert sorted(g.extents[0][0] for g in again) == sorted(slots[:4])
 
 
 def test_snapshot_and_journal_restore_the_same_state(clock: Clock) -> None:
