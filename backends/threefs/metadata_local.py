@@ -97,13 +97,15 @@ class _Namespace:
         """Per file: slots (within the file) below which every one was handed out once."""
         self.next_file = 0
         """The file the next value's slots are taken from first."""
+        self.free_slots = geometry.total_slots
+        """Slots free over all files (kept, not summed: the eviction loop asks per victim)."""
         self.committed_slots = 0
         self.committed_bytes = 0
         self.reserved_slots = 0
         self.counters = {"evictions": 0, "expired": 0, "commits": 0, "aborts": 0, "deletes": 0}
 
     def free_count(self) -> int:
-        return sum(len(free) for free in self.free) + self.geometry.total_slots - sum(self.high)
+        return self.free_slots
 
     def take(self, n: int) -> list[Extent]:
         """Take ``n`` free slots (there are that many), from the next file first."""
@@ -121,12 +123,14 @@ class _Namespace:
             self.high[file] += rest
             if len(taken) == n:
                 break
+        self.free_slots -= len(taken)
         return _runs(sorted(taken))
 
     def release(self, entry: _Entry) -> None:
         per_file = self.geometry.slots_per_file
         for slot in _slots(entry.extents):
             heapq.heappush(self.free[slot // per_file], slot)
+            self.free_slots += 1
 
     def add_pending(self, entry: _Entry) -> None:
         self.pending[entry.key] = entry
@@ -165,6 +169,7 @@ class _Namespace:
             self.free[file] = [
                 slot for slot in range(base, base + self.high[file]) if slot not in held
             ]
+        self.free_slots = self.geometry.total_slots - sum(len(held) for held in used)
 
 
 class LocalMetadata(Metadata):
