@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hicache_storage.backends.threefs.metadata import Geometry, GeometryError
 from hicache_storage.backends.threefs.metadata_local import LocalMetadata, _slots
@@ -202,3 +204,57 @@ def test_persistence_ignores_a_torn_journal_line(tmp_path: Path, clock: Clock) -
     third = LocalMetadata(lease_s=10.0, clock=clock)
     Persistence(str(path)).load(third)
     assert third.exists(NS, ["a", "b", "c"]) == 3
+
+
+def _live_slots(meta: LocalMetadata, ns: str) -> list[int]:
+    """Every slot a committed or pending entry of ``ns`` holds (with repeats, if any)."""
+    space = meta.snapshot()["namespaces"][ns]
+    held = [e[3] for e in space["entries"]] + [p[3] for p in space["pending"]]
+    return [slot for extents in held for slot in _slots(tuple(x) for x in extents)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["reserve", "commit", "abort", "delete", "expire"]),
+            st.integers(0, 11),
+            st.integers(1, 700),
+        ),
+        max_size=60,
+    )
+)
+def test_slots_are_never_handed_out_twice(ops: list[tuple[str, int, int]]) -> None:
+    """Whatever the order of reservations, commits, aborts, deletes and expiries, no slot is held
+    by two entries, the free count is the slots nobody holds, and a restored map agrees."""
+    clock = Clock()
+    geometry = Geometry(slot_bytes=100, slots_per_file=4, file_count=3)
+    meta = LocalMetadata(lease_s=10.0, clock=clock)
+    epoch = meta.open(NS, geometry)
+    pending: dict[str, int] = {}
+    for op, k, nbytes in ops:
+        key = f"k{k}"
+        if op == "reserve":
+            grant = meta.reserve(NS, geometry, [(key, nbytes)]).grants[0]
+            if grant.status == "reserved":
+                assert sum(count for _, count in grant.extents) == geometry.slots_for(nbytes)
+                pending[key] = grant.id
+        elif op in ("commit", "abort") and key in pending:
+            id = pending.pop(key)
+            if op == "commit":
+                meta.commit(NS, epoch, [id])
+            else:
+                meta.abort(NS, epoch, [id])
+        elif op == "delete":
+            meta.delete(NS, [key])
+        elif op == "expire":
+            clock.now += 11.0
+        live = _live_slots(meta, NS)
+        assert len(live) == len(set(live)), "a slot is held twice"
+        assert meta.stats(NS)["slots_free"] == geometry.total_slots - len(live)
+    restored = LocalMetadata(lease_s=10.0, clock=clock)
+    restored.restore(meta.snapshot())
+    assert restored.stats(NS)["slots_free"] == meta.stats(NS)["slots_free"]
+    restored.reserve(NS, geometry, [("fill", restored.stats(NS)["slots_free"] * 100)])
+    live = _live_slots(restored, NS)  # the fill among them, if it found room
+    assert len(live) == len(set(live)), "a restored map handed out a held slot"
