@@ -266,7 +266,7 @@ class ThreeFSBackend(StorageBackend):
             target = memoryview(bytearray(location.length)) if dst is None else dst
             record = bytearray(RECORD_BYTES)
             self.medium_faults.check("read")
-            io.read(self._plan(location, [target], record))
+            io.read(self._plan(location, [target]) + self._record_at(location, record))
             confirmed = meta.confirm(self.namespace, found.epoch, [(key, location.id)])[0]
         if not confirmed:
             self._count("raced_reads")
@@ -437,11 +437,8 @@ class ThreeFSBackend(StorageBackend):
             ) from None
         self._lock_fd = fd
 
-    def _plan(self, location: Location, views: list[memoryview], record: Buffer) -> list[IORequest]:
-        """Map a value's slot runs onto its buffers, and its first slot's record onto ``record``.
-
-        ``record`` is left out when integrity records are off.
-        """
+    def _plan(self, location: Location, views: list[memoryview]) -> list[IORequest]:
+        """Map a value's slot runs onto its buffers."""
         geometry = self.geometry
         per_file, slot = geometry.slots_per_file, geometry.slot_bytes
         cursor = _Cursor(views)
@@ -460,11 +457,18 @@ class ThreeFSBackend(StorageBackend):
             raise BackendUnavailableError(
                 f"the metadata gave {location.extents} for {location.length} bytes: too few slots"
             )
-        if self._records and location.extents:
-            file, index = divmod(location.extents[0][0], per_file)
-            offset = self.config.file_size + index * RECORD_BYTES
-            requests.append(IORequest(file, offset, [memoryview(record).cast("B")]))
         return requests
+
+    def _record_at(self, location: Location, record: Buffer) -> list[IORequest]:
+        """Map a value's integrity record (at its first slot's) onto ``record``.
+
+        Nothing when integrity records are off or the value has no slot.
+        """
+        if not (self._records and location.extents):
+            return []
+        file, index = divmod(location.extents[0][0], self.geometry.slots_per_file)
+        offset = self.config.file_size + index * RECORD_BYTES
+        return [IORequest(file, offset, [memoryview(record).cast("B")])]
 
     def _verified(
         self,
@@ -515,7 +519,7 @@ class ThreeFSBackend(StorageBackend):
                 if location is None or location.length != sum(v.nbytes for v in views):
                     continue
                 record = bytearray(RECORD_BYTES)
-                runs.append(self._plan(location, views, record))
+                runs.append(self._plan(location, views) + self._record_at(location, record))
                 candidates.append((i, location, record))
             if not candidates:
                 return hits
@@ -606,12 +610,13 @@ class ThreeFSBackend(StorageBackend):
         meta, io = self._parts()
         ids = [location.id for _, location in writes]
         records = [bytearray(RECORD_BYTES) for _ in writes]
-        runs = [
-            self._plan(location, list(sources[i]), records[j])
-            for j, (i, location) in enumerate(writes)
+        values = [self._plan(location, list(sources[i])) for i, location in writes]
+        flat_values = [request for run in values for request in run]
+        sealing = [
+            request
+            for (_, location), record in zip(writes, records, strict=True)
+            for request in self._record_at(location, record)
         ]
-        # A run ends with its record's request where it has one (see _plan).
-        sealed = [self._records and bool(location.extents) for _, location in writes]
 
         def seal_one(j: int) -> None:
             i, location = writes[j]
@@ -622,15 +627,13 @@ class ThreeFSBackend(StorageBackend):
             self.medium_faults.check("write")
             crcs = None
             if self._records:  # each value checksummed while it is written, where the I/O can
-                crcs = io.write_checked(
-                    [run[:-1] if has else run for run, has in zip(runs, sealed, strict=True)]
-                )
+                crcs = io.write_checked(values)
             if crcs is None:
                 # The records first, every page's CRC32C at once: one after another they would
                 # serialise the batch on the calling thread before a byte is written.
                 if self._records:
                     self._sealers.map(seal_one, range(len(writes)))
-                io.write([request for run in runs for request in run])
+                io.write(flat_values + sealing)
             else:
                 for j, ((i, location), crc) in enumerate(zip(writes, crcs, strict=True)):
                     generation = generation_of(granted.epoch, location.id)
@@ -638,9 +641,9 @@ class ThreeFSBackend(StorageBackend):
                         keys[i], location.length, crc, generation=generation
                     )
                 # The records, 32 bytes each, as one run: one call, no thread of their own.
-                io.write_checked([[run[-1] for run, has in zip(runs, sealed, strict=True) if has]])
+                io.write_checked([sealing])
             if self.config.fsync == "before_commit":
-                io.sync([request.file for run in runs for request in run])
+                io.sync([request.file for request in flat_values + sealing])
         except BaseException:
             with contextlib.suppress(BackendError):
                 meta.abort(self.namespace, granted.epoch, ids)
