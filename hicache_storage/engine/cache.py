@@ -228,6 +228,11 @@ class CacheConfig:
         Niceness of the storage threads and the threads they start (Linux; 0..19): a forward
         on the CPU keeps its cores while storage works in the background (on two cores a write
         beside a forward made it 30 % slower). None leaves them at the process's.
+    idle_writes
+        Run the background writer under Linux's ``SCHED_IDLE`` (:class:`StorageIO
+        <hicache_storage.engine.storage_io.StorageIO>`): it takes only cores nothing else
+        wants, where at ``storage_nice`` it still took a share of one from a CPU forward that
+        fills them all. Queries and reads, which requests wait on, stay at ``storage_nice``.
     """
 
     page_size: int
@@ -251,6 +256,7 @@ class CacheConfig:
     early_loads: bool = False
     switch_interval_s: float | None = 0.0005
     storage_nice: int | None = 10
+    idle_writes: bool = True
 
     def __post_init__(self) -> None:
         for name in (
@@ -267,8 +273,9 @@ class CacheConfig:
         for name in ("prefetch_capacity", "transfer_sms"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))
-        if not isinstance(self.early_loads, bool):
-            raise ConfigError(f"early_loads must be a bool, got {self.early_loads!r}")
+        for name in ("early_loads", "idle_writes"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.prefetch_timeout, PrefetchTimeout):
             raise ConfigError("prefetch_timeout must be a PrefetchTimeout")
         check_nice(self.storage_nice, "storage_nice")
@@ -478,6 +485,7 @@ class TierCache:
                 write_linger_s=config.write_linger_s,
                 costs=self.costs,
                 nice=config.storage_nice,
+                idle_writes=config.idle_writes,
                 pool=registered,
             )
             if config.switch_interval_s is not None:

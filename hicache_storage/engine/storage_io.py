@@ -353,6 +353,12 @@ class StorageIO:
         Niceness the storage threads take (Linux; threads they start inherit it): when the
         cores are all busy the kernel runs the forward's threads first, so background storage
         work cannot stall a CPU forward's parallel regions. None leaves the threads as started.
+    idle_writes
+        Run the writer, and the threads it starts for a call, under Linux's ``SCHED_IDLE``:
+        background writes then take only cores that no other thread wants, where a niced
+        writer still takes a share of a core from a forward that fills them all. When host
+        room waits on the writes, the scheduler's thread blocks, which frees its core for
+        them. Queries and reads, which requests wait on, keep ``nice``.
     pool
         The host pool the caller registered with ``backend``. A backend addresses one
         registered pool; if another user of the same backend object registers its own, every
@@ -373,9 +379,12 @@ class StorageIO:
         write_linger_s: float = 0.0,
         costs: CostModel | None = None,
         nice: int | None = None,
+        idle_writes: bool = False,
         pool: HostPool | None = None,
     ) -> None:
         check_nice(nice)
+        if not isinstance(idle_writes, bool):
+            raise ConfigError(f"idle_writes must be a bool, got {idle_writes!r}")
         for name, value in (
             ("read_batch_pages", read_batch_pages),
             ("write_capacity", write_capacity),
@@ -405,10 +414,11 @@ class StorageIO:
         self._wake = threading.Event()
         """Ends a lingering writer's wait: set by :meth:`hurry` and :meth:`close`."""
         self._nice = nice
+        self._idle_writes = idle_writes
         self._pool = pool
         self._query_threads = self._start("query", self._query_loop, query_threads)
         self._read_threads = self._start("read", self._read_loop, read_threads)
-        self._write_threads = self._start("write", self._write_loop, 1)
+        self._write_threads = self._start("write", self._idle_write_loop, 1)
 
     def _start(self, name: str, loop: Callable[[], None], count: int) -> list[threading.Thread]:
         threads = [
@@ -714,6 +724,11 @@ class StorageIO:
             pending = [i for i in pending if stored[i] and cursor[i] < jobs[i].pages]
         return stored
 
+    def _idle_write_loop(self) -> None:
+        if self._idle_writes:
+            schedule_idle()
+        self._write_loop()
+
     def _write_loop(self) -> None:
         stop = False
         while not stop and (item := self._writes.get()) is not _STOP:
@@ -765,6 +780,20 @@ def check_nice(nice: object, name: str = "nice") -> None:
         isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19
     ):
         raise ConfigError(f"{name} must be None or an int in 0..19, got {nice!r}")
+
+
+def schedule_idle() -> None:
+    """Put the calling thread under ``SCHED_IDLE`` (Linux only: elsewhere a no-op).
+
+    The kernel runs such a thread only on a core no other thread wants; threads it starts
+    inherit the policy.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except OSError as exc:
+        logger.warning("could not put the storage writer under SCHED_IDLE: %s", exc)
 
 
 def lower_priority(nice: int) -> None:

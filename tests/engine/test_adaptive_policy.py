@@ -739,6 +739,36 @@ def test_storage_threads_run_at_the_configured_niceness(
         cache.close()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE is Linux's")
+@pytest.mark.parametrize("idle", [True, False])
+def test_the_writer_alone_runs_under_sched_idle_unless_turned_off(
+    stored: tuple[StorageBackend, list[int], list[int]], idle: bool
+) -> None:
+    memory, _, _ = stored
+    cache = build_cache(64, 64, memory, idle_writes=idle)
+    try:
+        threads = [t for t in cache.threads if isinstance(t, threading.Thread)]
+        policies = {}
+        deadline = time.monotonic() + WAIT_S
+        for thread in threads:
+            assert thread.native_id is not None
+            writer = "write" in thread.name
+            expected = os.SCHED_IDLE if idle and writer else os.SCHED_OTHER
+            while (policy := os.sched_getscheduler(thread.native_id)) != expected:
+                assert time.monotonic() < deadline, f"{thread.name} runs under policy {policy}"
+                time.sleep(0.001)
+            policies[thread.name] = policy
+        assert sum("write" in name for name in policies) == 1 and len(policies) > 1
+    finally:
+        cache.close()
+
+
+@pytest.mark.parametrize("value", [1, "true", None])
+def test_idle_writes_that_is_not_a_bool_is_refused(value: object) -> None:
+    with pytest.raises(ConfigError, match="idle_writes"):
+        build_cache(64, 64, None, idle_writes=value)
+
+
 @pytest.mark.parametrize("value", [-1, 20, True, 1.5, "3"])
 def test_a_storage_niceness_outside_0_19_is_refused(value: object) -> None:
     with pytest.raises(ConfigError, match="storage_nice"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -36,8 +38,13 @@ class Spy(ForwardingBackend):
         self.error: type[Exception] = RuntimeError
         self.claim_all = False
         self.fail_second_set = False
+        self.policies: list[tuple[str, int, int]] = []
+        """(call, scheduling policy, niceness) of the thread of each call."""
 
     def _call(self, op: str) -> None:
+        if sys.platform.startswith("linux"):
+            nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            self.policies.append((op, os.sched_getscheduler(0), nice))
         self.entered.set()
         assert self.gate.wait(WAIT_S), "the test never opened the gate"
         if op in self.raising:
@@ -470,6 +477,50 @@ def test_hurry_writes_the_queued_backups_wider_until_the_queue_drains(
     dst = slots(24, 7)
     assert spy.inner.batch_get_v1(keys(7, "a"), dst) == [True] * 7
     assert pages(pool, dst) == pages(pool, slots(0, 7))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE is Linux's")
+def test_idle_writes_run_the_writer_alone_under_sched_idle(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    nice = max(os.getpriority(os.PRIO_PROCESS, 0), 7)
+    io, spy = make_io(write_batch_pages=2, nice=nice, idle_writes=True)
+    fill(pool, slots(0, 4), seed=4)
+    spy.gate.clear()
+    assert io.backup(Backup(keys(2, "a"), slots(0, 2), 1))
+    assert spy.entered.wait(WAIT_S)
+    assert io.backup(Backup(keys(2, "b"), slots(2, 2), 2))
+    io.hurry()  # hurried writes go wider, not ahead of the forward
+    spy.gate.set()
+    poll_all(io, 2)
+    fetch = Prefetch(keys(2, "a"), 1, slots(8, 2), PAGE)
+    io.prefetch(fetch)
+    wait_until(lambda: fetch.state is PrefetchState.FINISHED, "the fetch")
+    assert fetch.read_pages == 2
+    writes = [p[1] for p in spy.policies if p[0] == "batch_set_v1"]
+    assert writes == [os.SCHED_IDLE] * 2
+    others = [p[1:] for p in spy.policies if p[0] != "batch_set_v1"]
+    assert others == [(os.SCHED_OTHER, nice)] * 2, "queries and reads keep the niceness"
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER, "the caller's thread is left alone"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE is Linux's")
+def test_without_idle_writes_the_writer_runs_at_the_storage_niceness(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    nice = max(os.getpriority(os.PRIO_PROCESS, 0), 5)
+    io, spy = make_io(nice=nice)
+    assert io.backup(Backup(keys(1, "d"), slots(0, 1), 1))
+    poll_all(io, 1)
+    assert [p[1:] for p in spy.policies] == [(os.SCHED_OTHER, nice)]
+
+
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_idle_writes_must_be_a_bool(
+    make_io: Callable[..., tuple[StorageIO, Spy]], value: object
+) -> None:
+    with pytest.raises(ConfigError, match="idle_writes"):
+        make_io(idle_writes=value)
 
 
 def test_close_writes_every_queued_backup_before_stopping(
