@@ -183,7 +183,7 @@ class BenchConfig:
     read_delay_s
         Seconds the fault layer adds before every ``batch_get_v1`` of the storage backend: a
         slow store, to see that the prefetch policy does not wait for it.
-    transfer_sms, early_loads, write_backlog
+    transfer_sms, early_loads, write_backlog, idle_writes
         The cache's options of those names (:class:`~hicache_storage.engine.cache.CacheConfig`).
     write_batch_bytes
         The cache's option of that name; None for its default.
@@ -218,6 +218,7 @@ class BenchConfig:
     transfer_sms: int | None = 16
     early_loads: bool = False
     write_backlog: float = 0.25
+    idle_writes: bool = True
     write_batch_bytes: int | None = None
 
     def __post_init__(self) -> None:
@@ -256,8 +257,9 @@ class BenchConfig:
         for name in ("transfer_sms", "write_batch_bytes"):
             if getattr(self, name) is not None:
                 positive_int(name, getattr(self, name), ConfigError)
-        if not isinstance(self.early_loads, bool):
-            raise ConfigError(f"early_loads must be a bool, got {self.early_loads!r}")
+        for name in ("early_loads", "idle_writes"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         share("write_backlog", self.write_backlog, ConfigError)
         if self.read_delay_s is not None and not 0 <= self.read_delay_s < math.inf:
             raise ConfigError(f"read_delay_s must be a finite number >= 0, got {self.read_delay_s}")
@@ -780,6 +782,7 @@ def _build_cache(config: BenchConfig, name: str, backend: StorageBackend | None)
         transfer_sms=config.transfer_sms,
         early_loads=config.early_loads,
         write_backlog=config.write_backlog,
+        idle_writes=config.idle_writes,
         **defaults,
     )
     return build_cache(

@@ -383,6 +383,11 @@ def engine_group() -> None:
     help="Copy a waiting request's fetched pages to the device as they arrive (default off).",
 )
 @click.option(
+    "--idle-writes/--no-idle-writes",
+    default=None,
+    help="Run the background writer under SCHED_IDLE on Linux (default on).",
+)
+@click.option(
     "--write-backlog",
     type=click.FloatRange(min=0, max=1, min_open=True),
     help="Share of the host pool that pages waiting to be written may hold before the writer "

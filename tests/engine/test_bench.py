@@ -412,3 +412,22 @@ def test_the_write_width_reaches_the_cache_and_is_checked() -> None:
         BenchConfig(write_batch_bytes=0)
     result = CliRunner().invoke(main, ["engine", "bench", "--write-batch-bytes", "0"])
     assert result.exit_code != 0 and "--write-batch-bytes" in result.output
+
+
+def test_idle_writes_reaches_the_cache_and_is_checked() -> None:
+    """``--no-idle-writes`` turns the cache's option off; by default it is on, as the cache's."""
+    from hicache_storage.bench.engine import _build_cache
+    from hicache_storage.engine.cache import CacheConfig
+
+    off = _build_cache(BenchConfig(idle_writes=False), "L1+L2", None)
+    plain = _build_cache(BenchConfig(), "L1+L2", None)
+    try:
+        assert off.config.idle_writes is False
+        assert plain.config.idle_writes is CacheConfig(8).idle_writes is True
+    finally:
+        off.close()
+        plain.close()
+    with pytest.raises(ConfigError, match="idle_writes"):
+        BenchConfig(idle_writes=1)  # type: ignore[arg-type]
+    result = CliRunner().invoke(main, ["engine", "bench", "--help"])
+    assert "--no-idle-writes" in result.output
