@@ -567,7 +567,7 @@ class TierCache:
         self.poll()
         page = self.config.page_size
         usable = (len(tokens) - 1) // page * page if self.config.prefix_cache else 0
-        prefix = tuple(int(t) for t in tokens[:usable])
+        prefix = tuple(map(int, tokens[:usable]))
         match = self.tree.match_prefix(prefix, seed=seed)
         lookup = Lookup(prefix, seed, match.last_node, match.matched_len)
         self._start_prefetch(lookup, match)
@@ -1085,7 +1085,7 @@ class TierCache:
         try:
             if keep >= lease.cached:
                 result = self.tree.insert(
-                    tuple(int(t) for t in tokens[:keep]), held[:keep], seed=lease.seed
+                    tuple(map(int, tokens[:keep])), held[:keep], seed=lease.seed
                 )
                 taken_from = max(lease.cached, result.existing_len)
                 freed = torch.cat([held[lease.cached : taken_from], held[keep:]])

@@ -882,7 +882,7 @@ def _as_tokens(tokens: Sequence[int]) -> _Page:
 
     Checking first means that hashing, done midway through an insert, cannot fail.
     """
-    toks = tuple(operator.index(t) for t in tokens)
+    toks = tuple(map(operator.index, tokens))
     if toks and (min(toks) < 0 or max(toks) >= _TOKEN_LIMIT):
         raise RadixTreeError(f"token ids must lie in [0, 2**63), got {min(toks)}..{max(toks)}")
     return toks
