@@ -414,17 +414,18 @@ class StorageIO:
         self._wake = threading.Event()
         """Ends a lingering writer's wait: set by :meth:`hurry` and :meth:`close`."""
         self._nice = nice
-        self._idle_writes = idle_writes
         self._pool = pool
         self._query_threads = self._start("query", self._query_loop, query_threads)
         self._read_threads = self._start("read", self._read_loop, read_threads)
-        self._write_threads = self._start("write", self._idle_write_loop, 1)
+        self._write_threads = self._start("write", self._write_loop, 1, idle=idle_writes)
 
-    def _start(self, name: str, loop: Callable[[], None], count: int) -> list[threading.Thread]:
+    def _start(
+        self, name: str, loop: Callable[[], None], count: int, *, idle: bool = False
+    ) -> list[threading.Thread]:
         threads = [
             threading.Thread(
                 target=self._run,
-                args=(loop,),
+                args=(loop, idle),
                 name=f"hicache-l3-{name}" + (f"-{i}" if count > 1 else ""),
                 daemon=True,
             )
@@ -434,9 +435,11 @@ class StorageIO:
             thread.start()
         return threads
 
-    def _run(self, loop: Callable[[], None]) -> None:
+    def _run(self, loop: Callable[[], None], idle: bool) -> None:
         if self._nice is not None:
             lower_priority(self._nice)
+        if idle:
+            schedule_idle()
         loop()
 
     @property
@@ -723,11 +726,6 @@ class StorageIO:
                 stored[i] = stored[i] and ok
             pending = [i for i in pending if stored[i] and cursor[i] < jobs[i].pages]
         return stored
-
-    def _idle_write_loop(self) -> None:
-        if self._idle_writes:
-            schedule_idle()
-        self._write_loop()
 
     def _write_loop(self) -> None:
         stop = False
