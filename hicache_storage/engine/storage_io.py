@@ -415,6 +415,8 @@ class StorageIO:
         """Ends a lingering writer's wait: set by :meth:`hurry` and :meth:`close`."""
         self._nice = nice
         self._pool = pool
+        self._exited = False
+        """Whether a thread has ended (its loop returned or raised)."""
         self._query_threads = self._start("query", self._query_loop, query_threads)
         self._read_threads = self._start("read", self._read_loop, read_threads)
         self._write_threads = self._start("write", self._write_loop, 1, idle=idle_writes)
@@ -436,11 +438,14 @@ class StorageIO:
         return threads
 
     def _run(self, loop: Callable[[], None], idle: bool) -> None:
-        if self._nice is not None:
-            lower_priority(self._nice)
-        if idle:
-            schedule_idle()
-        loop()
+        try:
+            if self._nice is not None:
+                lower_priority(self._nice)
+            if idle:
+                schedule_idle()
+            loop()
+        finally:
+            self._exited = True
 
     @property
     def read_threads(self) -> int:
@@ -546,7 +551,7 @@ class StorageIO:
     @property
     def alive(self) -> bool:
         """Whether every thread is running."""
-        return all(thread.is_alive() for thread in self.threads)
+        return not self._exited  # set as any thread ends: asked before every admission
 
     @property
     def threads(self) -> tuple[threading.Thread, ...]:

@@ -338,6 +338,33 @@ def test_a_host_full_of_unwritten_pages_hurries_the_writer_and_counts_the_wait(
     counting.close()
 
 
+def test_a_store_that_reads_slower_than_compute_is_not_waited_for_host_room(
+    model: LlamaModel,
+) -> None:
+    """Writes pay only when their pages read back faster than they compute; else no wait.
+
+    The same host full of unwritten pages as above, but the store is known to take 10 s a page
+    to read: room the writes would free is refused at once (counted), and every request is
+    still served with the same tokens.
+    """
+    prompts = conversations(rounds=3, clients=4, seed=21)
+    expected = run(Engine(model, None), [list(p) for p in prompts])
+    slow = LayerConfig(faults=FaultConfig(ops={"batch_set_v1": FaultRule(delay_s=0.01)}))
+    counting = CountingSets(create_backend("memory", layers=slow))
+    cache = build(64, 48, counting)
+    one_page = cache.token_bytes * PAGE
+    cache.close()
+    cache = build(64, 48, counting, write_batch_bytes=one_page, write_backlog=1.0)
+    cache.costs.observe_read(1, 10.0)
+    assert run(Engine(model, cache), [list(p) for p in prompts]) == expected
+    assert cache.stats.write_waits_skipped > 0, "room was refused instead of waited for"
+    assert cache.stats.host_room_wait_s == 0
+    assert cache.stats.pages_stored > 0, "what the writer took is still written"
+    assert all(node.host_pins == 0 for node in cache.tree.nodes()), "every write unpinned"
+    cache.tree.check()
+    counting.close()
+
+
 @pytest.mark.parametrize("backlog", [0.1, 1.0])
 def test_a_backlog_past_its_share_of_the_host_hurries_the_writer_before_room_runs_out(
     model: LlamaModel, backlog: float
