@@ -599,10 +599,10 @@ class TierCache:
         allocated for a request until storage is known to hold its pages
         (:meth:`_assign_slots`), so a prefetch that finds nothing costs the host no room.
         """
-        hashes = match.remainder_hashes
-        if self.io is None or len(hashes) < self.config.prefetch_threshold:
+        pages = len(match.remainder) // self.config.page_size
+        if self.io is None or pages < self.config.prefetch_threshold:
             return
-        keys = self.scheme.keys(hashes)
+        keys = self.scheme.keys(match.remainder_hashes)
         fetch = Prefetch(keys, self.scheme.keys_per_page, None, self.config.page_size)
         lookup.fetch = fetch
         self._fetching.append((fetch, lookup))

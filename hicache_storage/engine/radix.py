@@ -52,7 +52,7 @@ import itertools
 import operator
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import torch
@@ -246,16 +246,26 @@ class MatchResult:
         The nodes after it, on the host only: loading them L2→L1 extends the device prefix.
     host_indices
         Host slots of ``host_nodes``, their tokens in order.
-    remainder_hashes
-        Page hashes of the whole pages after the match, chained from its last node: the keys to
-        ask storage about (a trailing partial page is left out).
+    remainder
+        Tokens of the whole pages after the match (a trailing partial page is left out).
     """
 
     device_indices: torch.Tensor
     device_node: Node
     host_nodes: tuple[Node, ...]
     host_indices: torch.Tensor
-    remainder_hashes: tuple[str, ...]
+    remainder: tuple[int, ...]
+    _page_size: int = field(repr=False)
+    _prior_hash: str | None = field(repr=False)
+
+    @property
+    def remainder_hashes(self) -> tuple[str, ...]:
+        """Page hashes of :attr:`remainder` from the last matched node: what to ask storage.
+
+        Hashed on request: the scheduler matches a request several times (at arrival, at
+        admission, when it finishes) and asks storage only at arrival.
+        """
+        return tuple(page_hashes(self.remainder, self._page_size, self._prior_hash))
 
     @property
     def device_len(self) -> int:
@@ -397,9 +407,14 @@ class RadixTree:
                 host_nodes.append(child)
             node = child
             pos += child.num_tokens
-        remainder = page_hashes(toks[pos:end], self._page_size, node.last_hash)
         return MatchResult(
-            _cat(device), device_node, tuple(host_nodes), _cat(host), tuple(remainder)
+            _cat(device),
+            device_node,
+            tuple(host_nodes),
+            _cat(host),
+            toks[pos:end],
+            self._page_size,
+            node.last_hash,
         )
 
     def insert(
