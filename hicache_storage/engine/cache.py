@@ -884,12 +884,14 @@ class TierCache:
         fetch = lookup.fetch
         if fetch is None or (self.io is not None and not self.io.alive):
             return True
+        if fetch.state is PrefetchState.FINISHED:  # read all it will: no policy holds it back
+            return True
         policy = self.config.prefetch_policy
         if policy is not PrefetchPolicy.ADAPTIVE:
             return prefetch_done_waiting(
                 policy,
                 self.config.prefetch_timeout,
-                finished=fetch.state is PrefetchState.FINISHED,
+                finished=False,
                 pages=fetch.target_pages,
                 elapsed_s=time.monotonic() - fetch.started,
             )

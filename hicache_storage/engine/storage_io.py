@@ -19,6 +19,7 @@ Nothing here raises into the scheduler: a backend error is a failed page, logged
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 import os
@@ -407,8 +408,10 @@ class StorageIO:
         self._read_ready = threading.Condition()
         self._calls = 0
         self._writes: queue.Queue[object] = queue.Queue(write_capacity)
-        self._done: queue.Queue[BackupDone] = queue.Queue()
-        self._bugs: queue.Queue[tuple[str, Exception]] = queue.Queue()
+        # The scheduler polls both every step: deques, whose emptiness is read without a lock.
+        self._done: collections.deque[BackupDone] = collections.deque()
+        self._done_ready = threading.Condition()
+        self._bugs: collections.deque[tuple[str, Exception]] = collections.deque()
         self._closed = False
         self._hurry = threading.Event()
         self._wake = threading.Event()
@@ -517,10 +520,9 @@ class StorageIO:
         StorageBugError
             With the bug as its ``__cause__``.
         """
-        try:
-            what, bug = self._bugs.get_nowait()
-        except queue.Empty:
+        if not self._bugs:
             return
+        what, bug = self._bugs.popleft()
         raise StorageBugError(
             f"{what} raised {type(bug).__name__}: {bug} (not a BackendError: a bug in the "
             "backend, a layer or the engine, not a failure of the store)"
@@ -532,21 +534,17 @@ class StorageIO:
             logger.warning("%s failed: %s", what, exc)
             return
         logger.error("%s failed", what, exc_info=exc)
-        self._bugs.put((what, exc))
+        self._bugs.append((what, exc))
 
     def poll(self, timeout_s: float = 0.0) -> list[BackupDone]:
         """Return the backups finished since the last poll, waiting up to ``timeout_s`` for one."""
+        if timeout_s > 0 and not self._done:
+            with self._done_ready:
+                self._done_ready.wait_for(lambda: bool(self._done), timeout_s)
         out: list[BackupDone] = []
-        if timeout_s > 0:
-            try:
-                out.append(self._done.get(timeout=timeout_s))
-            except queue.Empty:
-                return out
-        while True:
-            try:
-                out.append(self._done.get_nowait())
-            except queue.Empty:
-                return out
+        while self._done:
+            out.append(self._done.popleft())
+        return out
 
     @property
     def alive(self) -> bool:
@@ -763,8 +761,11 @@ class StorageIO:
                 self._hurry.clear()
                 if not self._closed:
                     self._wake.clear()
-            for job, stored in zip(jobs, outcomes, strict=True):
-                self._done.put(BackupDone(job, stored))
+            with self._done_ready:
+                self._done.extend(
+                    BackupDone(job, stored) for job, stored in zip(jobs, outcomes, strict=True)
+                )
+                self._done_ready.notify_all()
 
 
 def check_linger(linger: object) -> None:

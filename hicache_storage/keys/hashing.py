@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 
 import numpy as np
 import numpy.typing as npt
@@ -146,11 +147,20 @@ def page_hashes(tokens: npt.ArrayLike, page_size: int, prior_hash: str | None = 
     prior = _prior_bytes(prior_hash)
     arr = _token_array(tokens)
     out: list[str] = []
-    for start in range(0, arr.size, step):
+    if arr.size and int(arr.max()) < _NARROW_LIMIT:
+        # Every page narrow: one conversion, then each page is a slice of the same bytes.
+        data = memoryview(arr.astype(_TOKEN_DTYPE).tobytes())
+        width = step * _TOKEN_DTYPE.itemsize
+        pages: Iterable[bytes | memoryview] = (
+            data[at : at + width] for at in range(0, len(data), width)
+        )
+    else:
+        pages = (_page_bytes(arr[start : start + step]) for start in range(0, arr.size, step))
+    for page in pages:
         h = hashlib.sha256()
         if prior is not None:
             h.update(prior)
-        h.update(_page_bytes(arr[start : start + step]))
+        h.update(page)
         prior = h.digest()
         out.append(prior.hex())
     return out
