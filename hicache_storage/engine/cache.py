@@ -339,7 +339,7 @@ class CacheStats:
     """Seconds the scheduler's thread waited for background writes to free host room."""
     write_waits_skipped: int = 0
     """Times host room was refused instead of waited for: the store reads a page back slower
-    than it is computed, so no write is worth a wait (:meth:`TierCache._writes_pay`)."""
+    than it is computed, so no write is worth a wait (``TierCache._writes_pay``)."""
 
 
 @dataclass

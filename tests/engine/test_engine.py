@@ -318,34 +318,13 @@ def test_backups_write_as_many_pages_a_call_as_write_batch_bytes_holds(
     assert max(calls["default"]) > 2
 
 
-def test_a_host_full_of_unwritten_pages_hurries_the_writer_and_counts_the_wait(
-    model: LlamaModel,
-) -> None:
-    """Room on the host comes from written pages: waiting for it, the writer stops trickling."""
-    prompts = conversations(rounds=3, clients=4, seed=21)
-    expected = run(Engine(model, None), [list(p) for p in prompts])
-    slow = LayerConfig(faults=FaultConfig(ops={"batch_set_v1": FaultRule(delay_s=0.01)}))
-    counting = CountingSets(create_backend("memory", layers=slow))
-    cache = build(64, 48, counting)
-    one_page = cache.token_bytes * PAGE
-    cache.close()
-    cache = build(64, 48, counting, write_batch_bytes=one_page, write_backlog=1.0)
-    assert run(Engine(model, cache), [list(p) for p in prompts]) == expected
-    assert cache.stats.host_room_wait_s > 0, "the host pool must have waited for writes"
-    assert max(counting.sets) > 1, "a waited-for writer writes several pages a call"
-    assert counting.sets.count(1) > 0, "until then it writes a page a call"
-    cache.tree.check()
-    counting.close()
+def _host_full_of_unwritten_pages(
+    model: LlamaModel, *, read_s_per_page: float | None
+) -> tuple[TierCache, CountingSets]:
+    """Serve conversations whose pages fill a small host while a slow writer stores them.
 
-
-def test_a_store_that_reads_slower_than_compute_is_not_waited_for_host_room(
-    model: LlamaModel,
-) -> None:
-    """Writes pay only when their pages read back faster than they compute; else no wait.
-
-    The same host full of unwritten pages as above, but the store is known to take 10 s a page
-    to read: room the writes would free is refused at once (counted), and every request is
-    still served with the same tokens.
+    ``read_s_per_page`` is what the store is known to take to read a page (None: unmeasured).
+    Checks the tokens; returns the closed cache and the backend it wrote to.
     """
     prompts = conversations(rounds=3, clients=4, seed=21)
     expected = run(Engine(model, None), [list(p) for p in prompts])
@@ -355,13 +334,38 @@ def test_a_store_that_reads_slower_than_compute_is_not_waited_for_host_room(
     one_page = cache.token_bytes * PAGE
     cache.close()
     cache = build(64, 48, counting, write_batch_bytes=one_page, write_backlog=1.0)
-    cache.costs.observe_read(1, 10.0)
+    if read_s_per_page is not None:
+        cache.costs.observe_read(1, read_s_per_page)
     assert run(Engine(model, cache), [list(p) for p in prompts]) == expected
+    cache.tree.check()
+    return cache, counting
+
+
+def test_a_host_full_of_unwritten_pages_hurries_the_writer_and_counts_the_wait(
+    model: LlamaModel,
+) -> None:
+    """Room on the host comes from written pages: waiting for it, the writer stops trickling."""
+    cache, counting = _host_full_of_unwritten_pages(model, read_s_per_page=None)
+    assert cache.stats.host_room_wait_s > 0, "the host pool must have waited for writes"
+    assert max(counting.sets) > 1, "a waited-for writer writes several pages a call"
+    assert counting.sets.count(1) > 0, "until then it writes a page a call"
+    counting.close()
+
+
+def test_a_store_that_reads_slower_than_compute_is_not_waited_for_host_room(
+    model: LlamaModel,
+) -> None:
+    """Writes pay only when their pages read back faster than they compute; else no wait.
+
+    The same host full of unwritten pages, but the store is known to take 10 s to read a page:
+    room the writes would free is refused at once (counted), and every request is still served
+    with the same tokens.
+    """
+    cache, counting = _host_full_of_unwritten_pages(model, read_s_per_page=10.0)
     assert cache.stats.write_waits_skipped > 0, "room was refused instead of waited for"
     assert cache.stats.host_room_wait_s == 0
     assert cache.stats.pages_stored > 0, "what the writer took is still written"
     assert all(node.host_pins == 0 for node in cache.tree.nodes()), "every write unpinned"
-    cache.tree.check()
     counting.close()
 
 
