@@ -210,6 +210,8 @@ def test_the_engine_serves_from_a_storage_process_like_from_the_backend_itself(
         dataclasses.replace(SMALL, backend="process", backend_config=_served(tmp_path / "b")),
         runs=["L1+L2+L3"],
     ).run("L1+L2+L3")
-    assert served.identical and served.storage_hit_tokens > 0
-    assert served.storage_hit_tokens == direct.storage_hit_tokens
-    assert served.storage_bytes_written > 0
+    # Both serve the no-cache tokens from pages they stored; how many pages are stored and read
+    # depends on the measured speed of each (the prefetch and write policies price the store).
+    for run in (direct, served):
+        assert run.identical and run.storage_hit_tokens > 0 and run.storage_bytes_written > 0
+        assert run.storage_bytes_read > 0
