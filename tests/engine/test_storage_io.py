@@ -662,6 +662,26 @@ def test_close_writes_every_queued_backup_and_joins_every_thread(
     assert io.close() == [], "a second close does nothing"
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_thread_that_ends_unexpectedly_makes_the_io_not_alive(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    """The engine stops waiting on storage once any of its threads is gone."""
+    io, _ = make_io(query_threads=1)
+    assert io.alive
+
+    def broken(item: Prefetch) -> None:
+        raise RuntimeError("a bug outside the backend call ends the thread")
+
+    io._query = broken  # type: ignore[method-assign]
+    io.prefetch(Prefetch(keys(1), 1, None, PAGE))
+    wait_until(lambda: not io.alive, "the io to notice the ended query thread")
+    wait_until(lambda: not any(t.is_alive() for t in io._query_threads), "the thread to end")
+    assert all(t.is_alive() for t in (*io._read_threads, *io._write_threads))
+    assert not io.alive, "one thread gone is enough"
+    io.close()
+
+
 @pytest.mark.parametrize("failure", ["raises", "a page fails", "ready raises"])
 def test_a_failed_backup_is_not_stored_and_the_writer_carries_on(
     make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool, failure: str
