@@ -512,6 +512,10 @@ class TierCache:
         self._backlog_tokens = max(config.page_size, int(host_size * config.write_backlog))
         self._write_failed: set[int] = set()
         self._loads: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._load_pins: list[Node] = []
+        """Nodes whose host copies the next :meth:`take_load` copies to the device."""
+        self._loading: list[tuple[LayerLoad | EarlyLoad, list[Node]]] = []
+        """Loads that may still read host slots, and the nodes pinned on the host meanwhile."""
         self._early: list[Lookup] = []
         self._early_held = 0
         self._closed = False
@@ -948,11 +952,11 @@ class TierCache:
         page = self.config.page_size
         match = self.tree.match_prefix(lookup.tokens, seed=lookup.seed, touch=False)
         node = match.last_node
-        self.tree.lock(node)
+        self.tree.lock(node, host=False)  # the request computes from the device copies
         need = -(-(total_tokens - match.device_len) // page) * page
         room = self.device_alloc.available_size() + self._early_held
         if need > room and need > room + self._evictable_device_tokens():  # walks the tree
-            self.tree.unlock(node)
+            self.tree.unlock(node, host=False)
             return None
         fresh: torch.Tensor | None = None
         early = lookup.early
@@ -969,8 +973,8 @@ class TierCache:
             # Match again: the fetch's pages may split nodes of the first match (pages the tree
             # gained while the fetch ran), which would then name other stretches.
             match = self.tree.match_prefix(lookup.tokens, seed=lookup.seed, touch=False)
-            self.tree.lock(match.last_node)
-            self.tree.unlock(node)
+            self.tree.lock(match.last_node, host=False)
+            self.tree.unlock(node, host=False)
             node = match.last_node
             device_hit = match.device_len
             self._load_host_nodes(match, lookup)
@@ -984,7 +988,7 @@ class TierCache:
                 if hot:
                     self._write_through(hot[-1])
         except BaseException:  # give back what this admission took; loads already queued stay
-            self.tree.unlock(node)
+            self.tree.unlock(node, host=False)
             if fresh is not None and fresh.numel():
                 self.device_alloc.free(fresh)
             self._drop_early(lookup)
@@ -1023,11 +1027,15 @@ class TierCache:
         taken = torch.zeros(slots.numel(), dtype=torch.bool)
         begin = lookup.anchor_len
         pos = match.device_len
+        copied: list[Node] = []
+        self._loading.append((early, copied))  # their copies may still read the host slots
         try:
             for host_node in match.host_nodes:
                 end = pos + host_node.num_tokens
                 if begin <= pos and end <= begin + early.tokens:
                     self.tree.attach_device(host_node, slots[pos - begin : end - begin])
+                    self.tree.pin_host(host_node)
+                    copied.append(host_node)
                     taken[pos - begin : end - begin] = True
                 else:
                     self._schedule_load(host_node)
@@ -1057,12 +1065,29 @@ class TierCache:
 
         The next forward must pass :meth:`LayerLoad.wait` as its per-layer hook.
         """
+        self._unpin_loaded()
         if not self._loads or self.transfer is None:
             return None
         host = torch.cat([h for h, _ in self._loads])
         device = torch.cat([d for _, d in self._loads])
         self._loads.clear()
-        return LayerLoad(self.transfer, host, device, max_gbps=self.config.load_max_gbps)
+        load = LayerLoad(self.transfer, host, device, max_gbps=self.config.load_max_gbps)
+        self._loading.append((load, self._load_pins))
+        self._load_pins = []
+        return load
+
+    def _unpin_loaded(self) -> None:
+        """Unpin the host copies whose loads to the device are done (their slots may go)."""
+        if not self._loading:
+            return
+        still: list[tuple[LayerLoad | EarlyLoad, list[Node]]] = []
+        for load, nodes in self._loading:
+            if load.done():
+                for node in nodes:
+                    self.tree.unpin_host(node)
+            else:
+                still.append((load, nodes))
+        self._loading = still
 
     def record_load(self, timing: LoadTiming) -> None:
         """Add a finished load's duration and exposed time to the stats."""
@@ -1098,7 +1123,7 @@ class TierCache:
         finally:  # a refused insert changed nothing: every slot past the prefix is freed
             if freed.numel():
                 self.device_alloc.free(freed)
-            self.tree.unlock(lease.node)
+            self.tree.unlock(lease.node, host=False)
         self.stats.computed_tokens += max(len(tokens) - lease.cached, 0)
         if keep:
             self._mark_in_storage(lease, tokens[:keep])
@@ -1142,6 +1167,7 @@ class TierCache:
         if self.io is not None:
             for done in self.io.poll():
                 self._complete(done)
+        self._unpin_loaded()
         self._assign_slots()
         self._reap()
         if self.io is not None:
@@ -1222,6 +1248,8 @@ class TierCache:
         pool = self.host_pool
         if pool is None:
             return None
+        if pool.allocator.available_size() < count:
+            self._unpin_loaded()
         while pool.allocator.available_size() < count:
             victim = next(self.tree.evictable(Tier.HOST), None)
             if stored_only and (victim is None or not (victim.stored or self.io is None)):
@@ -1280,6 +1308,8 @@ class TierCache:
         except BaseException:
             self.device_alloc.free(device)
             raise
+        self.tree.pin_host(node)  # until the copy has read it (:meth:`_unpin_loaded`)
+        self._load_pins.append(node)
         self._loads.append((host, device))
         self.stats.pages_loaded += host.numel() // self.config.page_size
 

@@ -124,6 +124,12 @@ class LayerLoad:
         if self._next < self.layers:
             self.wait(self.layers - 1)
 
+    def done(self) -> bool:
+        """Whether every copy has read its host slots (they may be reused from then on)."""
+        if self._bounds is not None:
+            return bool(self._bounds[1].query())  # type: ignore[no-untyped-call]
+        return self._next >= self.layers
+
     def timing(self) -> LoadTiming:
         """Return the load's duration and the model's exposed wait (synchronises on a GPU)."""
         self.finish()
@@ -211,3 +217,7 @@ class EarlyLoad:
         """Block until every copy is done (before the host or device slots are reused)."""
         for event in self._events:
             event.synchronize()
+
+    def done(self) -> bool:
+        """Whether every copy is done, without waiting (a CPU copies at once)."""
+        return all(event.query() for event in self._events)  # type: ignore[no-untyped-call]

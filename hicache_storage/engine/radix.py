@@ -31,12 +31,15 @@ nothing:
    left on no tier by an eviction is always a leaf.
 5. Locks: ``lock(node)`` pins the node and its ancestors on every tier they are on;
    ``lock_ref`` counts the locks taken on a node and on its descendants. A locked node is never
-   evicted nor removed. ``pin_host(node)`` pins only the node's host copy (a background write
-   or a prefetch anchored on it reads those slots); its device copy stays evictable, and its
-   ancestors stay on the host by rule 4.
-6. Eviction of a tier takes only the leaves of that tier's subtree: unlocked nodes on the tier
-   with no child on it, and for the host no pin (:meth:`RadixTree.evictable` yields them least
-   recently used first).
+   removed. ``lock(node, host=False)`` keeps the device copy alone: a node so locked that is on
+   the device and stored may lose its host copy, a third copy of KV its holder (a running
+   request) reads from the device. ``pin_host(node)`` pins only the node's host copy (a
+   background write, a load or a prefetch anchored on it reads those slots); its device copy
+   stays evictable, and its ancestors stay on the host by rule 4.
+6. Eviction of a tier takes only the leaves of that tier's subtree: nodes on the tier with no
+   child on it and no lock that keeps them there (for the host: no pin, and no lock unless every
+   lock is ``host=False`` and the node is on the device and stored); :meth:`RadixTree.evictable`
+   yields them least recently used first.
 
 Splitting a node at a page boundary keeps the node object as the lower half and gives a new node
 the upper half, with the matching slices of every tier's indices and hashes, the same ``stored``
@@ -96,6 +99,7 @@ class Node:
         "_hit_count",
         "_host",
         "_host_children",
+        "_host_locks",
         "_host_pins",
         "_id",
         "_in_tree",
@@ -128,6 +132,7 @@ class Node:
         self._device_children = 0
         self._host_children = 0
         self._host_pins = 0
+        self._host_locks = 0
         self._lock_ref = 0
         self._hit_count = 0
         self._last_access = now
@@ -489,27 +494,37 @@ class RadixTree:
 
     # ---- locks ---------------------------------------------------------------------------------
 
-    def lock(self, node: Node) -> None:
-        """Pin ``node`` and its ancestors on every tier until :meth:`unlock` (roots: no-op)."""
+    def lock(self, node: Node, *, host: bool = True) -> None:
+        """Pin ``node`` and its ancestors on every tier until :meth:`unlock` (roots: no-op).
+
+        With ``host=False`` the lock keeps what is on the device and every node in the tree,
+        but not the host copy of a node that is on the device and stored (rule 5): a request
+        computing from the device never reads it, and while the request runs its room can take
+        fetched pages and pages waiting to be written.
+        """
         self._require_node(node)
         for n in self._ancestry(node):
             if n._lock_ref == 0:
                 self._locked_tokens += n.num_tokens
             n._lock_ref += 1
+            n._host_locks += host
             self._refresh(n)
 
-    def unlock(self, node: Node) -> None:
-        """Release one lock taken by :meth:`lock` on ``node``.
+    def unlock(self, node: Node, *, host: bool = True) -> None:
+        """Release one lock taken by :meth:`lock` on ``node`` with the same ``host``.
 
         Raises
         ------
         RadixTreeError
-            ``node`` holds no lock.
+            ``node`` holds no such lock.
         """
-        if not node.is_root and node._lock_ref == 0:
+        if not node.is_root and (node._lock_ref == 0 or (host and node._host_locks == 0)):
             raise RadixTreeError(f"{node!r} is not locked: unlock without a matching lock")
+        if not node.is_root and not host and node._lock_ref == node._host_locks:
+            raise RadixTreeError(f"{node!r} holds no host=False lock to release")
         for n in self._ancestry(node):
             n._lock_ref -= 1
+            n._host_locks -= host
             if n._lock_ref == 0:
                 self._locked_tokens -= n.num_tokens
             self._refresh(n)
@@ -569,6 +584,7 @@ class RadixTree:
         if node._stored != stored:
             node._stored = stored
             self._tokens[Tier.STORAGE] += node.num_tokens if stored else -node.num_tokens
+            self._refresh(node)
 
     def evict_device(self, node: Node) -> torch.Tensor:
         """Drop ``node`` from the device; a node then on no tier is removed from the tree.
@@ -684,6 +700,11 @@ class RadixTree:
         _ensure(counts == (node._device_children, node._host_children), f"{node!r} counts")
         below = sum(c._lock_ref for c in node._children.values())
         _ensure(node._lock_ref >= below, f"{node!r} has fewer locks than its children")
+        host_below = sum(c._host_locks for c in node._children.values())
+        _ensure(
+            host_below <= node._host_locks <= node._lock_ref,
+            f"{node!r} counts host-keeping locks wrongly",
+        )
         for tier, candidates in self._candidates.items():
             want = _is_candidate(node, tier)
             _ensure((node in candidates) == want, f"{node!r} candidacy for {tier.value}")
@@ -732,6 +753,7 @@ class RadixTree:
         head._in_tree = True
         head._stored = node._stored
         head._lock_ref = node._lock_ref
+        head._host_locks = node._host_locks
         head._hit_count = node._hit_count
         if node._device is not None:
             head._device, node._device = node._device[:at], node._device[at:]
@@ -802,7 +824,7 @@ class RadixTree:
         freed = _tier_indices(node, tier)
         if freed is None:
             raise RadixTreeError(f"{node!r} is not on the {tier.value}")
-        if node._lock_ref:
+        if node._lock_ref and not (tier is Tier.HOST and _host_unkept(node)):
             raise RadixTreeError(f"{node!r} is locked; unlock it before evicting")
         if tier is Tier.HOST and node._host_pins:
             raise RadixTreeError(f"{node!r} has its host copy pinned; unpin it before evicting")
@@ -880,11 +902,24 @@ def _least_recent(heap: list[tuple[float, int, Node]], candidates: set[Node]) ->
 
 def _is_candidate(node: Node, tier: Tier) -> bool:
     """Return whether ``node`` may be evicted from ``tier`` (rule 6)."""
-    if node._lock_ref or node._parent is None:
+    if node._parent is None:
         return False
     if tier is Tier.DEVICE:
-        return node._device is not None and node._device_children == 0
-    return node._host is not None and node._host_children == 0 and node._host_pins == 0
+        return not node._lock_ref and node._device is not None and node._device_children == 0
+    return (
+        node._host is not None
+        and node._host_children == 0
+        and node._host_pins == 0
+        and (not node._lock_ref or _host_unkept(node))
+    )
+
+
+def _host_unkept(node: Node) -> bool:
+    """Whether ``node``'s locks leave its host copy evictable (rule 5).
+
+    Every lock is ``host=False`` and the node is on the device and stored.
+    """
+    return node._host_locks == 0 and node._device is not None and node._stored
 
 
 def _tier_indices(node: Node, tier: Tier) -> torch.Tensor | None:
