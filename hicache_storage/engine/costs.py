@@ -4,11 +4,18 @@ The ``adaptive`` prefetch policy (:func:`~hicache_storage.engine.policies.adapti
 weighs the time to fetch a request's storage pages against the time to recompute them. Neither is
 a constant: a warm local store reads 8 MiB pages at tens of GB/s, a cold disk or a remote store at
 one, and prefill of the same model runs at different speeds per device and per batch. So both are
-measured by the engine as it serves: :class:`CostModel` keeps exponentially weighted means of
+measured by the engine as it serves: :class:`CostModel` keeps
 
-- seconds a ``batch_get_v1`` call takes per page over the calls that ran beside it (the storage
-  read threads report every call): the store's whole rate, at which the pages queued ahead of a
-  fetch are read before its own;
+- the median of the last :data:`READ_SAMPLES` ``batch_get_v1`` calls' seconds per page over the
+  calls that ran beside them (the storage read threads report every call): the store's whole
+  rate, at which the pages queued ahead of a fetch are read before its own. A median, because
+  one call stalled behind a long forward on a busy CPU (measured on two cores: 20 times its
+  neighbours) would otherwise price every fetch out, and with no read started nothing would
+  measure the store again for :data:`READ_TTL_S`; a store that is slow for good is slow in most
+  calls, and a call in flight is priced by its own time meanwhile;
+
+and exponentially weighted means of
+
 - seconds an existence query takes (``batch_exists``), and the share of the pages it asked for
   that storage held: a request whose query has not answered yet stands to gain that share of
   its pages, so where storage rarely holds what is asked (reuse the host pool serves), nobody
@@ -30,19 +37,24 @@ storage threads and the scheduler update it concurrently; a lock makes each upda
 
 from __future__ import annotations
 
+import collections
+import statistics
 import threading
 import time
 from collections.abc import Callable
 
 from hicache_storage.errors import ConfigError
 
-__all__ = ["MIN_FOUND", "READ_TTL_S", "CostModel"]
+__all__ = ["MIN_FOUND", "READ_SAMPLES", "READ_TTL_S", "CostModel"]
 
 MIN_FOUND = 0.1
 """Least share of an unanswered query's pages the policy expects storage to hold."""
 
 READ_TTL_S = 5.0
 """Seconds after the last read returned that the measured read rate is forgotten."""
+
+READ_SAMPLES = 5
+"""Read calls whose median is the measured read rate."""
 
 
 class _Mean:
@@ -112,7 +124,7 @@ class CostModel:
             raise ConfigError(f"weight must be a number in (0, 1], got {weight!r}")
         self._lock = threading.Lock()
         self._clock = clock
-        self._read = _Mean(weight)
+        self._reads: collections.deque[float] = collections.deque(maxlen=READ_SAMPLES)
         self._read_at = 0.0
         self._query = _Mean(weight)
         self._found = _Mean(weight)
@@ -128,8 +140,8 @@ class CostModel:
             now = self._clock()
             with self._lock:
                 if now - self._read_at > READ_TTL_S:
-                    self._read.value = None  # a fresh measurement, not a mean with the stale one
-                self._read.add(seconds / pages)
+                    self._reads.clear()  # a fresh measurement, not one with the stale samples
+                self._reads.append(seconds / pages)
                 self._read_at = now
 
     def observe_query(self, seconds: float, *, asked: int = 0, found: int = 0) -> None:
@@ -161,12 +173,13 @@ class CostModel:
     def read_s_per_page(self) -> float | None:
         """Seconds a page takes at the store's whole rate (a call's share of the calls beside it).
 
-        None before the first read returned and once none has for :data:`READ_TTL_S`.
+        The median of the last :data:`READ_SAMPLES` calls; None before the first read returned
+        and once none has for :data:`READ_TTL_S`.
         """
         with self._lock:
-            if self._clock() - self._read_at > READ_TTL_S:
+            if not self._reads or self._clock() - self._read_at > READ_TTL_S:
                 return None
-            return self._read.value
+            return statistics.median(self._reads)
 
     @property
     def query_s(self) -> float | None:

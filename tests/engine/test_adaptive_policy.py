@@ -18,7 +18,7 @@ import torch
 
 from hicache_storage import StorageBackend
 from hicache_storage.engine.cache import TierCache
-from hicache_storage.engine.costs import MIN_FOUND, READ_TTL_S, CostModel
+from hicache_storage.engine.costs import MIN_FOUND, READ_SAMPLES, READ_TTL_S, CostModel
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.model import LlamaModel
 from hicache_storage.engine.policies import (
@@ -94,17 +94,31 @@ def test_the_share_queries_find_follows_them_down_to_its_floor() -> None:
     assert model.found_share == MIN_FOUND
 
 
-def test_cost_model_follows_its_samples_with_weighted_means() -> None:
+def test_cost_model_follows_its_samples() -> None:
     model = CostModel(weight=0.5)
     model.observe_read(4, 0.4)
     assert model.read_s_per_page == pytest.approx(0.1)
     model.observe_read(2, 0.6)
-    assert model.read_s_per_page == pytest.approx(0.2)  # halfway from 0.1 to 0.3
+    assert model.read_s_per_page == pytest.approx(0.2)  # the median of 0.1 and 0.3
     model.observe_query(0.01)
     assert model.query_s == pytest.approx(0.01)
     model.observe_forward(200, 0.2)
     assert model.compute_s_per_token == pytest.approx(0.001)
     assert model.recompute_s(50) == pytest.approx(0.05)
+
+
+def test_one_stalled_read_call_does_not_make_the_store_slow() -> None:
+    """The read rate is the median of the last calls: one call stalled behind a long forward on
+    a busy CPU moves it nowhere; a store that stays slow moves it within a few calls."""
+    model = CostModel()
+    for _ in range(READ_SAMPLES):
+        model.observe_read(32, 32 * 0.0005)
+    model.observe_read(4, 4 * 0.04)  # 80 times the others
+    assert model.read_s_per_page == pytest.approx(0.0005)
+    model.observe_read(4, 4 * 0.04)
+    assert model.read_s_per_page == pytest.approx(0.0005)
+    model.observe_read(4, 4 * 0.04)
+    assert model.read_s_per_page == pytest.approx(0.04), "most calls slow: the store is slow"
 
 
 def test_a_read_rate_no_read_has_renewed_for_long_is_forgotten() -> None:
