@@ -331,6 +331,8 @@ class CacheStats:
     backups_failed: int = 0
     backups_refused: int = 0
     pages_dropped: int = 0
+    """Unstored pages that left the last tier holding them without being written (no room
+    on the host to back them up or stage them, or a failed write)."""
     loads: int = 0
     load_s: float = 0.0
     exposed_load_s: float = 0.0
@@ -511,6 +513,8 @@ class TierCache:
         host_size = 0 if host_pool is None else host_pool.size
         self._backlog_tokens = max(config.page_size, int(host_size * config.write_backlog))
         self._write_failed: set[int] = set()
+        self._unstaged: list[Node] = []
+        """Device nodes a write-through found no host room for, staged as room frees."""
         self._loads: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._load_pins: list[Node] = []
         """Nodes whose host copies the next :meth:`take_load` copies to the device."""
@@ -1167,6 +1171,7 @@ class TierCache:
         if self.io is not None:
             for done in self.io.poll():
                 self._complete(done)
+            self._retry_stages()
         self._unpin_loaded()
         self._assign_slots()
         self._reap()
@@ -1222,7 +1227,9 @@ class TierCache:
                     f"the device pool cannot hold {need} more tokens: every page is locked"
                 )
             if Tier.HOST not in victim.tiers and self.host_pool is not None:
-                self._backup(victim)
+                kept = self._backup(victim) or victim.stored or victim.id in self._writing
+                if not kept and self.io is not None:  # nowhere else: recomputed when next asked
+                    self.stats.pages_dropped += victim.num_tokens // self.config.page_size
             self.device_alloc.free(self.tree.evict_device(victim))
         slots = self.device_alloc.alloc(need)
         if slots is None:
@@ -1353,22 +1360,28 @@ class TierCache:
         backed_up = self._backup(node)
         if self.io is None:
             return
-        for step in self.tree.path(node):
-            if step.is_root or step.stored:
+        path = self.tree.path(node)
+        for i, step in enumerate(path):
+            if step.stored:
                 continue
             if Tier.HOST in step.tiers:
                 self._store_later(step)
             elif not backed_up and not self._stage(step):
+                self._unstaged.extend(n for n in path[i:] if not n.stored)  # when room frees
                 return
 
-    def _stage(self, node: Node) -> bool:
+    def _stage(self, node: Node, *, evict: bool = True) -> bool:
         """Write a device node's pages to storage through host slots the tree does not hold.
 
         A node is on the host only under its parent (the tree's prefix rule), so when a long
         stored prefix finds no host room, the pages computed after it could reach storage no
         other way: their conversation would recompute them every round. The slots come from
-        free room or stored host leaves (no wait) and go back once the write is done; False
-        when there is no such room or the writer refuses the job.
+        free room or stored host leaves (no wait) and go back once the write is done. Where
+        that room is short of the node, its leading pages are staged (the node split where
+        they end) and the rest waits for room (:meth:`_retry_stages`): a document larger than
+        the free host was otherwise never written. Without ``evict`` only free room is taken
+        (a retry does not evict the host's cache for it). False when not a page finds room or
+        the writer refuses the job.
         """
         if node.id in self._writing:
             return True
@@ -1376,15 +1389,52 @@ class TierCache:
         if device is None or self.transfer is None or not self.scheme.is_writer:
             return False
         assert self.io is not None and self.host_pool is not None
-        host = self._alloc_host(node.num_tokens, stored_only=True)
-        if host is None:
-            return False
+        pool = self.host_pool
+        if evict:
+            host = self._alloc_host(node.num_tokens, stored_only=True)
+        else:
+            host = pool.alloc(node.num_tokens) if self._free_host() >= node.num_tokens else None
+        if host is None:  # the room stored leaves made is free now: stage what fits
+            room = self._free_host() // self.config.page_size * self.config.page_size
+            if room == 0:
+                return False
+            tokens = [t for step in self.tree.path(node) for t in step.tokens]
+            start = len(tokens) - node.num_tokens
+            head = self.tree.match_prefix(
+                tokens[: start + room], seed=node.namespace, touch=False
+            ).last_node  # the upper part of the split; ``node`` keeps the rest
+            self._unstaged.append(node)
+            return self._stage(head, evict=False)
         fence = self._copy_to_host(device, host)
         if not self._queue_write(node, host, fence.wait, staging=host):
             self.host_pool.free(host)
             return False
         self.stats.pages_staged += node.num_tokens // self.config.page_size
         return True
+
+    def _free_host(self) -> int:
+        return 0 if self.host_pool is None else self.host_pool.allocator.available_size()
+
+    def _retry_stages(self) -> None:
+        """Stage the pages a write-through left for lack of host room, oldest first.
+
+        Called as writes finish (their staging slots free room), taking free room only;
+        stops at the first node that finds none, so a path is written from its root down. A
+        node no longer on the device (evicted meanwhile, counted in ``pages_dropped``) or
+        stored is forgotten.
+        """
+        if not self._unstaged:
+            return
+        pending, self._unstaged = self._unstaged, []
+        still: list[Node] = []
+        for node in pending:
+            if not node.in_tree or node.stored or node.id in self._writing:
+                continue
+            if Tier.HOST in node.tiers:
+                self._store_later(node)
+            elif node.device_indices is not None and (still or not self._stage(node, evict=False)):
+                still.append(node)
+        self._unstaged = self._unstaged + still  # the tails of nodes staged in part go first
 
     def _store_later(self, node: Node) -> bool:
         """Queue a host node's pages for storage, its host copy pinned until written.

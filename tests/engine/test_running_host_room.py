@@ -17,6 +17,7 @@ import pytest
 
 from hicache_storage import StorageBackend, create_backend
 from hicache_storage.engine.cache import Lease, TierCache
+from hicache_storage.engine.policies import WritePolicy
 from hicache_storage.engine.radix import Tier
 
 from .test_engine import CONFIG, PAGE, build
@@ -51,9 +52,19 @@ def release(cache: TierCache, lease: Lease, prompt: list[int]) -> None:
 
 def stored_prompts(backend: StorageBackend, count: int) -> list[list[int]]:
     """Prompts whose whole pages a first engine wrote to ``backend``."""
+    return stored_prompts_on(backend, 64, count=count)
+
+
+def stored_prompts_on(backend: StorageBackend, host: int, *, count: int = 1) -> list[list[int]]:
+    """Prompts of six pages, written to ``backend`` by an engine with ``host`` host tokens.
+
+    With no host the engine writes nothing: the prompts are new to the store.
+    """
     rng = random.Random(11)
     prompts = [[rng.randrange(CONFIG.vocab_size) for _ in range(PROMPT)] for _ in range(count)]
-    writer = build(64, 64, backend)
+    if not host:
+        return prompts
+    writer = build(64, host, backend)
     for prompt in prompts:
         release(writer, admit(writer, prompt), prompt)
     writer.close()
@@ -98,5 +109,44 @@ def test_a_running_requests_stored_prefix_gives_its_host_room_to_a_fetch(
         load.finish()
     cache.poll()
     assert all(n.lock_ref == 0 and n.host_pins == 0 for n in cache.tree.nodes())
+    cache.tree.check()
+    cache.close()
+
+
+def test_a_node_larger_than_the_free_host_is_staged_in_parts(backend: StorageBackend) -> None:
+    """Six computed pages, a host of four: the first four are staged, the last two once the
+    first write has given the room back, and a fresh engine finds all six in storage."""
+    (prompt,) = stored_prompts_on(backend, 0)
+    cache = build(64, 4 * PAGE, backend)
+    lease = admit(cache, prompt)
+    release(cache, lease, prompt)  # the write-through finds no room for the whole node
+    deadline = time.monotonic() + 10
+    while cache.stats.pages_stored < 6:
+        assert time.monotonic() < deadline, f"{cache.stats.pages_stored} of 6 pages stored"
+        time.sleep(0.001)
+        cache.poll()
+    assert cache.stats.pages_staged == 6 and cache.stats.pages_dropped == 0
+    path = [n for n in cache.tree.path(cache.tree.match_prefix(prompt, touch=False).last_node)]
+    assert [n.num_tokens for n in path] == [4 * PAGE, 2 * PAGE], "split where the room ended"
+    assert all(n.stored for n in path)
+    cache.tree.check()
+    cache.close()
+    fresh = build(64, 8 * PAGE, backend, prefetch_capacity=8 * PAGE)
+    assert admit(fresh, prompt).storage_hit == 6 * PAGE
+    fresh.close()
+
+
+def test_pages_that_leave_the_device_with_nowhere_to_go_are_counted(
+    backend: StorageBackend,
+) -> None:
+    """Under write-back a page reaches storage only from the host; a host with no room for it
+    loses it when the device needs its slots, and ``pages_dropped`` says so."""
+    (first, second) = stored_prompts_on(backend, 0, count=2)
+    cache = build(8 * PAGE, PAGE, backend, policy=WritePolicy.WRITE_BACK)
+    release(cache, admit(cache, first), first)
+    assert cache.stats.pages_dropped == 0
+    release(cache, admit(cache, second), second)  # its slots are the first prompt's
+    assert cache.stats.pages_dropped == 6
+    assert cache.stats.pages_stored == 0
     cache.tree.check()
     cache.close()
