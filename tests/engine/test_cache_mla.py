@@ -7,7 +7,6 @@ the same bytes in the device slots it loads.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -19,6 +18,8 @@ from hicache_storage.engine.policies import PrefetchPolicy
 from hicache_storage.engine.radix import Tier
 from hicache_storage.hostpool import MLAHostPool
 from hicache_storage.kernels import DevicePool
+
+from .test_running_host_room import admit
 
 PAGE, LAYERS, DIM = 4, 3, 24
 
@@ -45,14 +46,7 @@ def rows(cache: TierCache, slots: torch.Tensor) -> torch.Tensor:
 
 def serve(cache: TierCache, tokens: list[int], kv: torch.Tensor) -> torch.Tensor:
     """Admit a request, write the latent rows it computes, release it; return its prefix rows."""
-    lookup = cache.lookup(tokens)
-    deadline = time.monotonic() + 10
-    while not cache.ready(lookup):
-        assert time.monotonic() < deadline, "the prefetch never finished"
-        time.sleep(0.002)
-        cache.poll()
-    lease = cache.acquire(lookup, len(tokens))
-    assert lease is not None
+    lease = admit(cache, tokens, generated=0)
     load = cache.take_load()
     if load is not None:
         load.finish()

@@ -33,15 +33,16 @@ def backend() -> Iterator[StorageBackend]:
     store.close()
 
 
-def admit(cache: TierCache, prompt: list[int]) -> Lease:
-    """Look ``prompt`` up, wait for its fetch as the policy says, and admit it."""
+def admit(cache: TierCache, prompt: list[int], generated: int = 3) -> Lease:
+    """Look ``prompt`` up, wait for its fetch as the policy says, and admit it (with room for
+    ``generated`` more tokens)."""
     lookup = cache.lookup(prompt)
     deadline = time.monotonic() + 10
     while not cache.ready(lookup):
         assert time.monotonic() < deadline, "the fetch never finished"
         time.sleep(0.001)
         cache.poll()
-    lease = cache.acquire(lookup, len(prompt) + 3)
+    lease = cache.acquire(lookup, len(prompt) + generated)
     assert lease is not None
     return lease
 
