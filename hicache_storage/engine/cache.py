@@ -1403,8 +1403,11 @@ class TierCache:
             head = self.tree.match_prefix(
                 tokens[: start + room], seed=node.namespace, touch=False
             ).last_node  # the upper part of the split; ``node`` keeps the rest
+            staged = self._stage(head, evict=False)
+            if not staged:  # the writer refused it: both wait, the head first
+                self._unstaged.append(head)
             self._unstaged.append(node)
-            return self._stage(head, evict=False)
+            return staged
         fence = self._copy_to_host(device, host)
         if not self._queue_write(node, host, fence.wait, staging=host):
             self.host_pool.free(host)

@@ -19,6 +19,7 @@ from hicache_storage import StorageBackend, create_backend
 from hicache_storage.engine.cache import Lease, TierCache
 from hicache_storage.engine.policies import WritePolicy
 from hicache_storage.engine.radix import Tier
+from hicache_storage.engine.storage_io import Backup
 
 from .test_engine import CONFIG, PAGE, build
 
@@ -151,3 +152,34 @@ def test_pages_that_leave_the_device_with_nowhere_to_go_are_counted(
     assert cache.stats.pages_stored == 0
     cache.tree.check()
     cache.close()
+
+
+def test_a_part_the_writer_refused_is_staged_again_before_the_rest(
+    backend: StorageBackend,
+) -> None:
+    """The writer's queue refuses the first part of a node staged in parts: both parts wait
+    for room, the first ahead, so storage gets the pages from the start of the prompt."""
+    (prompt,) = stored_prompts_on(backend, 0)
+    cache = build(64, 4 * PAGE, backend)
+    assert cache.io is not None
+    queue_backup = cache.io.backup
+    refused: list[int] = []
+
+    def refuse_first(job: Backup) -> bool:
+        if not refused:
+            refused.append(len(job.keys))
+            return False
+        return queue_backup(job)
+
+    cache.io.backup = refuse_first  # type: ignore[method-assign]
+    release(cache, admit(cache, prompt), prompt)
+    assert refused == [4], "the first part (four pages) was offered and refused"
+    deadline = time.monotonic() + 10
+    while cache.stats.pages_stored < 6:
+        assert time.monotonic() < deadline, f"{cache.stats.pages_stored} of 6 pages stored"
+        time.sleep(0.001)
+        cache.poll()
+    cache.close()
+    fresh = build(64, 8 * PAGE, backend, prefetch_capacity=8 * PAGE)
+    assert admit(fresh, prompt).storage_hit == 6 * PAGE
+    fresh.close()
