@@ -384,7 +384,8 @@ class RadixMachine(RuleBasedStateMachine):
         self.tree = RadixTree(PS, clock=FakeClock())
         self.model: dict[Key, Page] = {}
         self.slots = itertools.count()
-        self.locks: list[Node] = []
+        self.locks: list[tuple[Node, bool]] = []
+        """Each lock's node and whether it keeps the host copy (``lock(node, host=...)``)."""
 
     # helpers
 
@@ -403,14 +404,23 @@ class RadixMachine(RuleBasedStateMachine):
             out += held
         return out
 
-    def locked_keys(self) -> set[Key]:
+    def locked_keys(self, *, keeping_host: bool = False) -> set[Key]:
         out: set[Key] = set()
-        for node in self.locks:
-            out.update(page_keys(node.namespace, prefix_of(self.tree, node)))
+        for node, host in self.locks:
+            if host or not keeping_host:
+                out.update(page_keys(node.namespace, prefix_of(self.tree, node)))
         return out
 
+    def held(self, key: Key, tier: Tier) -> bool:
+        """Whether the locks keep ``key``'s page on ``tier`` (rule 5)."""
+        if key not in self.locked_keys():
+            return False
+        if tier is Tier.DEVICE or key in self.locked_keys(keeping_host=True):
+            return True
+        page = self.model[key]
+        return page.device is None or not page.stored
+
     def model_leaves(self, tier: Tier) -> set[Key]:
-        locked = self.locked_keys()
 
         def on(key: Key) -> bool:
             page = self.model.get(key)
@@ -421,7 +431,7 @@ class RadixMachine(RuleBasedStateMachine):
             key
             for key in self.model
             if on(key)
-            and key not in locked
+            and not self.held(key, tier)
             and not any(on((key[0], key[1] + page)) for page in NEXT_PAGES)
         }
 
@@ -500,14 +510,15 @@ class RadixMachine(RuleBasedStateMachine):
     def lock(self, data: st.DataObject) -> None:
         node = self.pick(data, list(self.tree.nodes()))
         if node is not None:
-            self.tree.lock(node)
-            self.locks.append(node)
+            host = data.draw(st.booleans())
+            self.tree.lock(node, host=host)
+            self.locks.append((node, host))
 
     @rule(data=st.data())
     def unlock(self, data: st.DataObject) -> None:
         if self.locks:
-            node = self.locks.pop(data.draw(st.integers(0, len(self.locks) - 1)))
-            self.tree.unlock(node)
+            node, host = self.locks.pop(data.draw(st.integers(0, len(self.locks) - 1)))
+            self.tree.unlock(node, host=host)
 
     @rule(data=st.data(), tier=st.sampled_from([Tier.DEVICE, Tier.HOST]))
     def evict(self, data: st.DataObject, tier: Tier) -> None:
@@ -533,7 +544,7 @@ class RadixMachine(RuleBasedStateMachine):
 
     def evict_node(self, node: Node, tier: Tier) -> None:
         keys = self.keys_of(node)
-        assert not set(keys) & self.locked_keys(), "a locked node is never evictable"
+        assert not any(self.held(key, tier) for key in keys), "a held copy is never evictable"
         want = self.slots_of(keys, tier)
         freed = self.evict_on(tier)(node)
         assert freed.tolist() == want
