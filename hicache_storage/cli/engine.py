@@ -122,6 +122,7 @@ def render(result: BenchResult, console: Console) -> None:
             "-" if run.exposed_fraction is None else f"{run.exposed_fraction:.0%}",
         )
     console.print(loads)
+    _render_shortfall(runs, console)
 
     rounds = max(len(run.ttft_by_round_s) for run in runs)
     label = "round" if config.workload == "multiturn" else "query"
@@ -251,6 +252,27 @@ def _render_steps(runs: Sequence[RunResult], console: Console) -> None:
             f"{sum(s.host_wait_s for s in steps):.2f}",
             f"{max(run.wall_s - forward - admit - poll - release, 0.0):.2f}",
         )
+    console.print(table)
+
+
+def _render_shortfall(runs: Sequence[RunResult], console: Console) -> None:
+    """Print what storage found but did not serve, and what the cache lost (first repeat)."""
+    stored = [run for run in runs if run.cache.get("prefetches")]
+    if not stored:
+        return
+    names = ("prefetches", "prefetch_priced_out", "prefetch_no_room", "prefetch_pages_cut")
+    table = _table(
+        ("fetches", "priced out", "no room", "pages cut", "pages lost"),
+        title="where storage fell short",
+        caption=(
+            "priced out: fetches that read nothing, recompute being cheaper; no room: fetches "
+            "that found no host room for what storage held; pages cut: found but not read "
+            "before their request went; pages lost: computed pages that left the cache unwritten"
+        ),
+    )
+    for run in stored:
+        counts = [run.cache.get(name, 0) for name in (*names, "pages_dropped")]
+        table.add_row(run.name, *(f"{count:,}" for count in counts))
     console.print(table)
 
 

@@ -244,6 +244,13 @@ def test_cli_engine_bench_prints_tables_and_writes_json_and_plot(tmp_path: Path)
     assert all(run["identical"] for run in data["runs"])
     assert data["config"]["backend"] == "memory" and data["config"]["concurrency"] == 1
     assert plot.read_bytes().startswith(b"\x89PNG")
+    stored = data["runs"][-1]
+    shortfall = result.stdout.split("where storage fell short")[1]
+    row = next(line for line in shortfall.splitlines() if "L1+L2+L3" in line)
+    counts = [int(cell.replace(",", "")) for cell in row.split("│")[2:-1]]
+    names = ("prefetches", "prefetch_priced_out", "prefetch_no_room", "prefetch_pages_cut")
+    assert counts == [stored["cache"][name] for name in (*names, "pages_dropped")]
+    assert counts[0] > 0, "the storage run fetched"
 
 
 def test_cli_engine_bench_json_to_stdout_with_a_scratch_file_backend() -> None:
