@@ -40,6 +40,11 @@ METHODS = (
     "_mark_in_storage",
     "_assign_slots",
     "_start_prefetch",
+    "_await_host_copies",
+    "_stage",
+    "_retry_stages",
+    "_unpin_loaded",
+    "take_load",
 )
 
 seconds: dict[tuple[str, str], float] = collections.defaultdict(float)

@@ -694,13 +694,12 @@ class TierCache:
             if host is None:
                 self.stats.prefetch_no_room += 1
                 fetch.cancel()
-            elif fetch.assign(host):
+            elif fetch.assign(host, ready=self._copies_into(host)):
                 self._prefetch_held += host.numel()
                 self._reading.append(fetch)
                 if self.config.early_loads:
                     self._early.append(lookup)
                 assert self.io is not None
-                self._await_host_copies(host)
                 self.io.read(fetch)
                 probing = self._probing()
             elif self.host_pool is not None:
@@ -708,19 +707,34 @@ class TierCache:
         self._fetching = waiting
         self._load_early()
 
-    def _await_host_copies(self, slots: torch.Tensor) -> None:
-        """Wait for the device→host copies still in flight into ``slots`` before a read.
+    def _copies_into(self, slots: torch.Tensor) -> Callable[[], None] | None:
+        """Return the wait for the device→host copies still in flight into ``slots`` (or None).
 
         A backed-up page storage holds can be evicted from the host as soon as it is there, and
         its slots handed to a fetch while its copy still waits behind a forward on the GPU: the
         copy would then land on the pages the fetch read (measured on the H200 as checksum
         failures of the file backend, and wrong KV where the copy landed after the check).
-        Only copies into the fetch's slots are waited for: a read does not wait for a 1 GiB
-        backup of other pages queued behind the forward.
+        Only copies into the fetch's slots are waited for, and by the read threads before they
+        read: neither the scheduler's thread nor the read waits for other pages' backups.
         """
-        for host, fence in self._copies_in_flight():
-            if bool(torch.isin(host, slots).any()):
+        copies = self._copies_in_flight()
+        if not copies:
+            return None
+        hit = torch.isin(torch.cat([host for host, _ in copies]), slots)
+        sizes = [host.numel() for host, _ in copies]
+        fences = [
+            fence
+            for (_, fence), part in zip(copies, hit.split_with_sizes(sizes), strict=True)
+            if bool(part.any())
+        ]
+        if not fences:
+            return None
+
+        def ready() -> None:
+            for fence in fences:
                 fence.wait()
+
+        return ready
 
     def _copies_in_flight(self) -> list[tuple[torch.Tensor, CopyFence]]:
         """Forget the device→host copies that are done; return those that may not be."""
@@ -1460,7 +1474,7 @@ class TierCache:
         """Queue the device→host copy of ``device`` into ``host``; return its fence.
 
         With a storage tier the copy is remembered until done: a fetch may read into these
-        slots once they are freed (:meth:`_await_host_copies`).
+        slots once they are freed (:meth:`_copies_into`).
         """
         assert self.transfer is not None
         self.transfer.backup(device, host, max_gbps=self.config.backup_max_gbps)

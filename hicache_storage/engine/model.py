@@ -407,9 +407,10 @@ class _Decodes:
         lengths = [seg.slots.numel() for seg in segments]
         longest = max(lengths)
         device = segments[0].slots.device
+        # Built from the slots where they are, so that nothing waits for the GPU's queue.
         slots = torch.stack(
             [
-                F.pad(seg.slots, (0, longest - n), value=int(seg.slots[0]))
+                torch.cat([seg.slots, seg.slots[:1].expand(longest - n)])
                 if n < longest
                 else seg.slots
                 for seg, n in zip(segments, lengths, strict=True)
@@ -418,7 +419,7 @@ class _Decodes:
         mask = None
         if min(lengths) < longest:
             span = torch.arange(longest, device=device)
-            mask = (span < torch.tensor(lengths, device=device)[:, None])[:, None, None, :]
+            mask = torch.stack([span < n for n in lengths])[:, None, None, :]
         return cls(slice(first_row, first_row + len(segments)), slots, mask)
 
     def attend(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:

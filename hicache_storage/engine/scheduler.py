@@ -365,6 +365,8 @@ class Scheduler:
         self.on_step: Callable[[StepRecord], None] | None = None
         """Called with each step's :class:`StepRecord` (a bench's trace); None: not recorded."""
         self._admitted: list[Request] = []
+        self._slots_on_device: dict[int, torch.Tensor] = {}
+        """Running requests' device slots on the model's device, by request id."""
 
     @property
     def idle(self) -> bool:
@@ -527,6 +529,7 @@ class Scheduler:
                 self.waiting.remove(request)
             if request in self.running:
                 self.running.remove(request)
+            self._slots_on_device.pop(request.rid, None)
 
     def run(self) -> None:
         """Step until every submitted request has finished."""
@@ -548,6 +551,7 @@ class Scheduler:
             if lease is not None and not lease.released:
                 self.cache.release(lease, request.prompt[: lease.cached], lease.slots)
         self.running.clear()
+        self._slots_on_device.clear()
 
     # -- internals --------------------------------------------------------------------------------
 
@@ -643,29 +647,41 @@ class Scheduler:
         """Return the forward's work: a decode token per generating request, then prompt chunks.
 
         Prefilling requests share what ``chunk_tokens`` leaves after the decode tokens, in
-        admission order (at least one token a step, so a prefill always progresses).
+        admission order (at least one token a step, so a prefill always progresses). The new
+        tokens go to the device in one copy and each request's slots once, when it first
+        runs: a copy that waits for the GPU would hold the launch of the forward until the
+        transfers queued before it (backups, loads) are done.
         """
         device = self.model.device
         budget = self.chunk_tokens - sum(r.state is RequestState.DECODE for r in self.running)
         budget = max(budget, 1)
-        batch: list[tuple[Request, Segment, int]] = []
+        work: list[tuple[Request, torch.Tensor, Sequence[int]]] = []
         for request in self.running:
-            lease = request.lease
-            assert lease is not None
-            slots = lease.slots.to(self.cache.device_pool.device)
+            slots = self._slots_on_device.get(request.rid)
+            if slots is None:
+                lease = request.lease
+                assert lease is not None
+                slots = lease.slots.to(self.cache.device_pool.device, non_blocking=True)
+                self._slots_on_device[request.rid] = slots
             if request.state is RequestState.DECODE:
                 ctx = len(request.prompt) + len(request.output)
-                last = torch.tensor(request.output[-1:], dtype=torch.int64, device=device)
-                batch.append((request, Segment(last, slots[:ctx]), 1))
+                work.append((request, slots[:ctx], request.output[-1:]))
                 continue
             n = min(len(request.prompt) - request.computed, budget)
             if n <= 0:
                 continue
             budget -= n
             end = request.computed + n
-            new = torch.tensor(request.prompt[request.computed : end], dtype=torch.int64)
-            batch.append((request, Segment(new.to(device), slots[:end]), n))
-        return batch
+            work.append((request, slots[:end], request.prompt[request.computed : end]))
+        if not work:
+            return []
+        flat = [token for _, _, tokens in work for token in tokens]
+        new = torch.tensor(flat, dtype=torch.int64).to(device, non_blocking=True)
+        sizes = [len(tokens) for _, _, tokens in work]
+        return [
+            (request, Segment(part, slots), len(part))
+            for (request, slots, _), part in zip(work, new.split_with_sizes(sizes), strict=True)
+        ]
 
     def _finish(self, request: Request, now: float) -> None:
         lease = request.lease
@@ -679,3 +695,4 @@ class Scheduler:
         request.state = RequestState.FINISHED
         request.finished_at = now
         self.running.remove(request)
+        self._slots_on_device.pop(request.rid, None)

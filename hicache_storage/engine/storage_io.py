@@ -116,6 +116,8 @@ class Prefetch:
         """Seconds the existence query took, once it answered."""
         self.finished_at: float | None = None
         """When (``time.monotonic``) the fetch finished, once it has."""
+        self.ready: Callable[[], None] | None = None
+        """Returns once the host slots may be written; called before every read (see assign)."""
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._state = PrefetchState.QUERYING
@@ -183,16 +185,21 @@ class Prefetch:
             self._changed.notify_all()
             return self._read_pages
 
-    def assign(self, host_indices: torch.Tensor) -> bool:
+    def assign(
+        self, host_indices: torch.Tensor, *, ready: Callable[[], None] | None = None
+    ) -> bool:
         """Give a ``QUERIED`` fetch the host slots of its first ``numel / page_size`` pages.
 
-        Fewer slots than hit pages shorten the fetch. Return False (the slots stay the caller's)
-        when the fetch is no longer waiting for slots.
+        Fewer slots than hit pages shorten the fetch. ``ready`` returns once the slots may be
+        written (GPU copies still landing in them); the read threads call it before reading,
+        so the caller does not wait. Return False (the slots stay the caller's) when the fetch
+        is no longer waiting for slots.
         """
         pages = host_indices.numel() // self.page_size
         with self._lock:
             if self._state is not PrefetchState.QUERIED or self._hit_pages is None or pages < 1:
                 return False
+            self.ready = ready
             self.host_indices = host_indices[: min(pages, self._hit_pages) * self.page_size]
             self._hit_pages = min(pages, self._hit_pages)
             self._state = PrefetchState.READING
@@ -648,9 +655,11 @@ class StorageIO:
         kpp, page = fetch.keys_per_page, fetch.page_size
         host = fetch.host_indices
         assert host is not None
-        began = time.monotonic()
         try:
             try:
+                if fetch.ready is not None:  # before the clock: a copy's wait is not the store's
+                    fetch.ready()
+                began = time.monotonic()
                 self._check_pool()
                 got = self.backend.batch_get_v1(
                     fetch.keys[first * kpp : end * kpp],

@@ -18,7 +18,7 @@ from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.errors import InvalidRequestError
 from hicache_storage.engine.model import LlamaModel, ModelConfig
 from hicache_storage.engine.policies import PrefetchPolicy, WritePolicy
-from hicache_storage.engine.storage_io import Backup, Prefetch
+from hicache_storage.engine.storage_io import Backup
 from hicache_storage.errors import ConfigError
 from hicache_storage.hostpool import MHAHostPool
 from hicache_storage.kernels import DevicePool, KVTransfer
@@ -184,25 +184,44 @@ def test_a_fetch_never_reads_into_host_slots_a_late_copy_still_writes(
     late = LateBackups(cache.transfer)
     cache.transfer = late  # type: ignore[assignment]
     assert cache.io is not None
-    io_read = cache.io.read
-    fetched_into_late_copies = 0
+    io_indices = cache.io._indices
+    fetched_into_late_copies = reads = 0
 
-    def read(fetch: Prefetch) -> None:
-        nonlocal fetched_into_late_copies
-        assert fetch.host_indices is not None
-        fetched_into_late_copies += len(late.pending_slots() & set(fetch.host_indices.tolist()))
-        io_read(fetch)
+    def indices(host: torch.Tensor) -> torch.Tensor:  # the slots of a batch, as it is read
+        nonlocal fetched_into_late_copies, reads
+        reads += 1
+        fetched_into_late_copies += len(late.pending_slots() & set(host.tolist()))
+        return io_indices(host)
 
     def backup(job: Backup) -> bool:  # a write waits for the copies of its own pages only
         return io_backup(dataclasses.replace(job, ready=lambda: late.land(slots=job.host_indices)))
 
     io_backup = cache.io.backup
-    cache.io.read = read  # type: ignore[method-assign]
+    cache.io._indices = indices  # type: ignore[method-assign]
     cache.io.backup = backup  # type: ignore[method-assign]
     assert run(Engine(model, cache), [list(p) for p in prompts]) == expected
     assert fetched_into_late_copies == 0
-    assert late.landed > 0 and cache.stats.storage_hit_tokens > 0
+    assert reads > 0 and late.landed > 0 and cache.stats.storage_hit_tokens > 0
     cache.tree.check()
+
+
+def test_a_fetch_waits_only_for_the_copies_into_its_own_slots(
+    memory_backend: StorageBackend,
+) -> None:
+    """The wait a fetch is given covers the copies in flight into its slots and no other."""
+    cache = build(device_tokens=96, host_tokens=48, backend=memory_backend)
+    assert cache.transfer is not None
+    late = LateBackups(cache.transfer)
+    cache.transfer = late  # type: ignore[assignment]
+    first, second, other = (torch.arange(i * 16, i * 16 + 16) for i in range(3))
+    cache._copy_to_host(torch.arange(0, 16), first)
+    cache._copy_to_host(torch.arange(16, 32), second)
+    assert cache._copies_into(other) is None
+    ready = cache._copies_into(torch.cat([first[:1], other]))
+    assert ready is not None and late.landed == 0, "made, not waited for"
+    ready()
+    assert late.landed == 1 and late.pending_slots() == set(second.tolist())
+    cache.close()
 
 
 def test_storage_alone_serves_a_fresh_engine(model: LlamaModel, tmp_path: Path) -> None:

@@ -164,6 +164,35 @@ def test_prefetch_reads_the_stored_pages_into_its_host_slots(
     assert fetch.ticket == "mine" and fetch.host_indices is dst
 
 
+def test_slots_given_later_are_read_into_only_once_ready_returns(
+    make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
+) -> None:
+    """Slots a GPU copy may still be landing in: ``assign`` returns at once, and the read
+    threads call ``ready`` before every read into them, so no page read is overwritten."""
+    io, spy = make_io(read_batch_pages=2)
+    src = store(io, pool, keys(4), first_page=0)
+    fetch = Prefetch(keys(4), 1, None, PAGE)
+    io.prefetch(fetch)
+    wait_until(lambda: fetch.state is PrefetchState.QUERIED, "the query")
+    dst = slots(10, 4)
+    fill(pool, dst, seed=99)  # what the late copy would leave behind
+    landed = threading.Event()
+    reads_when_ready: list[int] = []
+
+    def ready() -> None:
+        assert landed.wait(WAIT_S), "the test never landed the copy"
+        reads_when_ready.append(len(spy.gets))
+
+    assert fetch.assign(dst, ready=ready)
+    io.read(fetch)
+    time.sleep(0.05)
+    assert spy.gets == [] and fetch.read_pages == 0, "no read before the slots are ready"
+    landed.set()
+    finished(fetch)
+    assert fetch.read_pages == 4 and pages(pool, dst) == pages(pool, src)
+    assert len(reads_when_ready) == 2 and reads_when_ready[0] == 0, "ready before each batch"
+
+
 def test_a_pool_another_user_registered_fails_reads_and_writes_as_a_bug(
     make_io: Callable[..., tuple[StorageIO, Spy]], pool: MHAHostPool
 ) -> None:
