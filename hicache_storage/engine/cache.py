@@ -1241,7 +1241,11 @@ class TierCache:
                     f"the device pool cannot hold {need} more tokens: every page is locked"
                 )
             if Tier.HOST not in victim.tiers and self.host_pool is not None:
-                kept = self._backup(victim) or victim.stored or victim.id in self._writing
+                kept = (
+                    self._backup(victim, keep_stored=not victim.stored)
+                    or victim.stored
+                    or victim.id in self._writing
+                )
                 if not kept and self.io is not None:  # nowhere else: recomputed when next asked
                     self.stats.pages_dropped += victim.num_tokens // self.config.page_size
             self.device_alloc.free(self.tree.evict_device(victim))
@@ -1336,11 +1340,18 @@ class TierCache:
 
     def _on_host(self, node: Node) -> bool:
         """Whether ``node`` is a root or on the host, backing it up to the host if needed."""
-        return node.is_root or Tier.HOST in node.tiers or self._backup(node)
+        return node.is_root or Tier.HOST in node.tiers or self._backup(node, keep_stored=True)
 
-    def _backup(self, node: Node) -> bool:
+    def _backup(self, node: Node, *, keep_stored: bool = False) -> bool:
         """L1→L2: copy a device node (and any ancestors not yet on the host) to the host.
 
+        A page storage holds is copied only into free host room unless ``keep_stored`` (an
+        unstored node or a fetch below it needs the path on the host): evicting another
+        stored host page for it trades one page storage holds for another at the price of a
+        device→host copy on the forward's stream. On the H200 a multi-turn run whose histories
+        outgrow the host copied 93 GB so, a request's whole stored prefix at each release, and
+        its host tier then served no page. Such a path's new pages reach storage through
+        staging slots.
         The path is locked meanwhile, so that making room on the host never evicts the part of
         it already copied.
         """
@@ -1350,8 +1361,11 @@ class TierCache:
                 if step.is_root or Tier.HOST in step.tiers:
                     continue
                 device = step.device_indices
-                # A page storage holds is not worth a wait for writes to free host room.
-                host = self._alloc_host(step.num_tokens, stored_only=step.stored)
+                if step.stored and not keep_stored:
+                    free = self.host_pool is not None and self._free_host() >= step.num_tokens
+                    host = self.host_pool.alloc(step.num_tokens) if free else None
+                else:  # a page storage holds is not worth a wait for writes to free host room
+                    host = self._alloc_host(step.num_tokens, stored_only=step.stored)
                 if device is None or host is None or self.transfer is None:
                     if host is not None and self.host_pool is not None:
                         self.host_pool.free(host)
