@@ -36,6 +36,7 @@ import dataclasses
 import math
 import sys
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -82,6 +83,15 @@ __all__ = ["CacheConfig", "CacheStats", "Lease", "Lookup", "TierCache"]
 
 _WRITE_WAIT_S = 0.05
 """How long room-making on the host waits for one background write at a time."""
+
+_COPY_OUTCOMES = 64
+"""Stored pages copied to the host whose fate (hit there, or evicted unread) decides whether
+the next such copy may evict another host page."""
+
+_COPY_PAYS = 0.25
+"""Share of those copies hit on the host at which a copy into a full host is worth making: a
+hit saves a storage read of the page (0.4-0.5 ms for 8 MiB on the H200), a copy costs a
+device→host transfer on the forward's stream (about 0.16 ms) and the host page it evicts."""
 
 _INLINE_QUERY_S = 0.001
 """Existence queries measured this quick (or within 2 % of a forward) are asked in the
@@ -513,6 +523,10 @@ class TierCache:
         host_size = 0 if host_pool is None else host_pool.size
         self._backlog_tokens = max(config.page_size, int(host_size * config.write_backlog))
         self._write_failed: set[int] = set()
+        self._stored_copies: OrderedDict[int, None] = OrderedDict()
+        """Stored nodes copied to the host that have been neither hit nor evicted there yet."""
+        self._copy_outcomes: deque[bool] = deque(maxlen=_COPY_OUTCOMES)
+        """Whether each of the last such copies was hit on the host before it left."""
         self._unstaged: list[Node] = []
         """Device nodes a write-through found no host room for, staged as room frees."""
         self._loads: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -1034,6 +1048,8 @@ class TierCache:
         The other nodes are loaded layer by layer in the next forward. Early slots no node
         takes (pages the device held already) are given back.
         """
+        for host_node in match.host_nodes:
+            self._copy_outcome(host_node, hit=True)
         early = lookup.early
         if early is None:
             for host_node in match.host_nodes:
@@ -1299,6 +1315,7 @@ class TierCache:
             if unstored and victim.id not in self._writing:  # a staged write still stores it
                 self.stats.pages_dropped += victim.num_tokens // self.config.page_size
             self._write_failed.discard(victim.id)
+            self._copy_outcome(victim, hit=False)
             pool.free(self.tree.evict_host(victim))
         return pool.alloc(count)
 
@@ -1345,27 +1362,31 @@ class TierCache:
     def _backup(self, node: Node, *, keep_stored: bool = False) -> bool:
         """L1→L2: copy a device node (and any ancestors not yet on the host) to the host.
 
-        A page storage holds is copied only into free host room unless ``keep_stored`` (an
-        unstored node or a fetch below it needs the path on the host): evicting another
-        stored host page for it trades one page storage holds for another at the price of a
-        device→host copy on the forward's stream. On the H200 a multi-turn run whose histories
-        outgrow the host copied 93 GB so, a request's whole stored prefix at each release, and
-        its host tier then served no page. Such a path's new pages reach storage through
-        staging slots.
+        A page storage holds evicts another stored host page for its copy only while such
+        copies pay (:meth:`_stored_copies_pay`) or ``keep_stored`` (an unstored node or a fetch
+        below it needs the path on the host); else it takes free room or stays off the host.
+        On the H200 a multi-turn run whose histories outgrow the host copied 9,473 pages (74
+        GiB) so, a request's whole stored prefix at each release, and its host tier served no
+        page. Such a path's new pages reach storage through staging slots.
         The path is locked meanwhile, so that making room on the host never evicts the part of
         it already copied.
         """
+        pool = self.host_pool
         self.tree.lock(node)
         try:
             for step in self.tree.path(node):
                 if step.is_root or Tier.HOST in step.tiers:
                     continue
                 device = step.device_indices
-                if step.stored and not keep_stored:
-                    free = self.host_pool is not None and self._free_host() >= step.num_tokens
-                    host = self.host_pool.alloc(step.num_tokens) if free else None
+                if step.stored and not keep_stored and not self._stored_copies_pay():
+                    free = self._free_host() >= step.num_tokens
+                    host = pool.alloc(step.num_tokens) if pool is not None and free else None
                 else:  # a page storage holds is not worth a wait for writes to free host room
                     host = self._alloc_host(step.num_tokens, stored_only=step.stored)
+                if step.stored and host is not None:
+                    self._stored_copies[step.id] = None
+                    while len(self._stored_copies) > 16 * _COPY_OUTCOMES:  # nodes split since
+                        self._stored_copies.popitem(last=False)
                 if device is None or host is None or self.transfer is None:
                     if host is not None and self.host_pool is not None:
                         self.host_pool.free(host)
@@ -1376,6 +1397,21 @@ class TierCache:
             return True
         finally:
             self.tree.unlock(node)
+
+    def _stored_copies_pay(self) -> bool:
+        """Whether recent host copies of stored pages were hit there often enough to evict for.
+
+        True until a few copies have an outcome. A workload whose reuse the host holds keeps
+        copying; one whose histories cycle through more than the device and host hold (each
+        copy evicted unread) stops, and its copies into free room keep the measure current.
+        """
+        outcomes = self._copy_outcomes
+        return len(outcomes) < 8 or sum(outcomes) >= _COPY_PAYS * len(outcomes)
+
+    def _copy_outcome(self, node: Node, *, hit: bool) -> None:
+        """Record whether a stored node copied to the host was hit there before it left."""
+        if self._stored_copies.pop(node.id, False) is None:
+            self._copy_outcomes.append(hit)
 
     def _write_through(self, node: Node) -> None:
         """Back ``node``'s path up to the host and queue its unstored pages for storage.
