@@ -1410,7 +1410,8 @@ class TierCache:
 
     def _copy_outcome(self, node: Node, *, hit: bool) -> None:
         """Record whether a stored node copied to the host was hit there before it left."""
-        if self._stored_copies.pop(node.id, False) is None:
+        if node.id in self._stored_copies:
+            del self._stored_copies[node.id]
             self._copy_outcomes.append(hit)
 
     def _write_through(self, node: Node) -> None:
