@@ -40,7 +40,7 @@ METHODS = (
     "_mark_in_storage",
     "_assign_slots",
     "_start_prefetch",
-    "_await_host_copies",
+    "_copies_into",
     "_stage",
     "_retry_stages",
     "_unpin_loaded",

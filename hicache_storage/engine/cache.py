@@ -1388,8 +1388,8 @@ class TierCache:
                     while len(self._stored_copies) > 16 * _COPY_OUTCOMES:  # nodes split since
                         self._stored_copies.popitem(last=False)
                 if device is None or host is None or self.transfer is None:
-                    if host is not None and self.host_pool is not None:
-                        self.host_pool.free(host)
+                    if host is not None and pool is not None:
+                        pool.free(host)
                     return False
                 self._copy_to_host(device, host)
                 self.tree.attach_host(step, host)
