@@ -187,6 +187,9 @@ class BenchConfig:
         The cache's options of those names (:class:`~hicache_storage.engine.cache.CacheConfig`).
     write_batch_bytes
         The cache's option of that name; None for its default.
+    managed_gc
+        The scheduler runs the garbage collector between steps, over the objects made after
+        the warm-up (the engine's option of that name).
     """
 
     backend: str = "memory"
@@ -220,6 +223,7 @@ class BenchConfig:
     write_backlog: float = 0.25
     idle_writes: bool = True
     write_batch_bytes: int | None = None
+    managed_gc: bool = True
 
     def __post_init__(self) -> None:
         if self.model not in _MODELS:
@@ -257,7 +261,7 @@ class BenchConfig:
         for name in ("transfer_sms", "write_batch_bytes"):
             if getattr(self, name) is not None:
                 positive_int(name, getattr(self, name), ConfigError)
-        for name in ("early_loads", "idle_writes"):
+        for name in ("early_loads", "idle_writes", "managed_gc"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         share("write_backlog", self.write_backlog, ConfigError)
@@ -823,7 +827,11 @@ def _serve(
         cache = _build_cache(config, name, backend)
         _warm_transfer(cache)
         with Engine(
-            model, cache, chunk_tokens=config.chunk_tokens, max_running=config.max_running
+            model,
+            cache,
+            chunk_tokens=config.chunk_tokens,
+            max_running=config.max_running,
+            managed_gc=config.managed_gc,
         ) as engine:
             assert engine.scheduler is not None
             if progress is not None:

@@ -225,14 +225,14 @@ def _render_parts(result: BenchResult, console: Console) -> None:
 def _render_steps(runs: Sequence[RunResult], console: Console) -> None:
     """Print where each configuration's scheduler thread spent the run (first repeat)."""
     table = _table(
-        ("steps", "forward", "exp. load", "admit", "poll", "release", "host wait", "idle"),
+        ("steps", "forward", "exp. load", "admit", "poll", "release", "host wait", "gc", "idle"),
         title="the scheduler's thread, seconds",
         caption=(
             "forward: the model's forwards (exp. load: of which waiting for L2→L1 copies); "
             "admit: policy, fetch waits and room; poll: finished reads and writes applied; "
             "release: finished requests' write-through; host wait: of admit and release, "
-            "waiting for writes to free host room; idle: no forward to run (steps without one "
-            "included)"
+            "waiting for writes to free host room; gc: the garbage collector's pauses, any "
+            "thread's (every thread waits); idle: no forward to run (steps without one included)"
         ),
     )
     for run in runs:
@@ -250,6 +250,7 @@ def _render_steps(runs: Sequence[RunResult], console: Console) -> None:
             f"{poll:.2f}",
             f"{release:.2f}",
             f"{sum(s.host_wait_s for s in steps):.2f}",
+            f"{sum(s.gc_s for s in steps):.2f}",
             f"{max(run.wall_s - forward - admit - poll - release, 0.0):.2f}",
         )
     console.print(table)
@@ -408,6 +409,12 @@ def engine_group() -> None:
     "--idle-writes/--no-idle-writes",
     default=None,
     help="Run the background writer under SCHED_IDLE on Linux (default on).",
+)
+@click.option(
+    "--managed-gc/--no-managed-gc",
+    default=None,
+    help="Run the garbage collector between the scheduler's steps, over what each run made, "
+    "instead of in whichever thread allocates (default on).",
 )
 @click.option(
     "--write-backlog",

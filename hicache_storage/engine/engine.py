@@ -28,8 +28,9 @@ class Engine:
         The model; its KV shape must match the cache's device pool.
     cache
         The tier cache, or None to recompute every token of every step (the oracle, no pool).
-    chunk_tokens, max_running
-        The scheduler's prefill chunk and batch bounds (see :class:`Scheduler`).
+    chunk_tokens, max_running, managed_gc
+        The scheduler's prefill chunk and batch bounds, and whether it runs the garbage
+        collector itself between steps (see :class:`Scheduler`).
 
     Raises
     ------
@@ -47,13 +48,20 @@ class Engine:
         *,
         chunk_tokens: int = 512,
         max_running: int = 64,
+        managed_gc: bool = False,
     ) -> None:
         self.model = model
         self.cache = cache
         self.scheduler = (
             None
             if cache is None
-            else Scheduler(model, cache, chunk_tokens=chunk_tokens, max_running=max_running)
+            else Scheduler(
+                model,
+                cache,
+                chunk_tokens=chunk_tokens,
+                max_running=max_running,
+                managed_gc=managed_gc,
+            )
         )
 
     def generate(

@@ -43,6 +43,7 @@ from hicache_storage.errors import ConfigError
 from hicache_storage.kit.options import positive_int
 
 from .cache import Lease, Lookup, TierCache
+from .collector import CollectorPauses, ManagedCollection
 from .errors import InvalidRequestError, PoolMismatchError, RequestFailedError, RequestTypeError
 from .loading import LayerLoad
 from .model import LlamaModel, Segment, next_token
@@ -73,7 +74,9 @@ class StepRecord:
     write-through copies and any wait for host room). ``host_wait_s`` is the part of the step
     spent waiting for background writes to free host room. ``write_backlog_tokens`` and
     ``read_s_per_page`` are the host tokens waiting to be written and the measured seconds a
-    storage read takes per page (None: not measured) when the step ended.
+    storage read takes per page (None: not measured) when the step ended. ``gc_s`` is how long
+    the garbage collector ran, in any thread, since the previous step ended: every thread waits
+    for it (:mod:`~hicache_storage.engine.collector`).
     """
 
     started: float
@@ -91,6 +94,7 @@ class StepRecord:
     loaded_tokens: int
     write_backlog_tokens: int = 0
     read_s_per_page: float | None = None
+    gc_s: float = 0.0
 
 
 class RequestState(enum.Enum):
@@ -330,6 +334,14 @@ class Scheduler:
         Most requests admitted at once.
     clock
         Seconds, for arrival and TTFT stamps.
+    managed_gc
+        Run the garbage collector on this thread between steps, over what serving made
+        (:class:`~hicache_storage.engine.collector.ManagedCollection`), from construction until
+        :meth:`close`: automatic collection is turned off and what is alive now frozen,
+        process-wide, as serving engines do at startup. Otherwise a collection runs in whichever
+        thread allocates past the threshold, inside a forward or a storage call, with every
+        other thread waiting for it. Off by default for a scheduler embedded in someone else's
+        process.
 
     Raises
     ------
@@ -349,9 +361,12 @@ class Scheduler:
         chunk_tokens: int = 512,
         max_running: int = 64,
         clock: Callable[[], float] = time.perf_counter,
+        managed_gc: bool = False,
     ) -> None:
         for name, value in (("chunk_tokens", chunk_tokens), ("max_running", max_running)):
             positive_int(name, value, ConfigError)
+        if not isinstance(managed_gc, bool):
+            raise ConfigError(f"managed_gc must be a bool, got {managed_gc!r}")
         _check_device_pool(model, cache)
         cache.bind_model(model.identity)  # stored pages name the model that computed them
         self.model = model
@@ -367,6 +382,11 @@ class Scheduler:
         self._admitted: list[Request] = []
         self._slots_on_device: dict[int, torch.Tensor] = {}
         """Running requests' device slots on the model's device, by request id."""
+        self._managed_gc = managed_gc
+        if managed_gc:  # before the pauses are measured: this first collection is no one's
+            ManagedCollection.hold()
+        self.collector = CollectorPauses()
+        """The garbage collector's pauses, measured for each step's record."""
 
     @property
     def idle(self) -> bool:
@@ -399,6 +419,8 @@ class Scheduler:
 
     def step(self) -> list[Request]:
         """Admit, run one forward, and return the requests that finished in it."""
+        if self._managed_gc:
+            ManagedCollection.collect_due()
         stamp, started = self.clock(), time.perf_counter()
         waited = self.cache.stats.host_room_wait_s
         self.cache.poll()
@@ -480,6 +502,7 @@ class Scheduler:
                     loaded_tokens=0 if load is None else load.tokens,
                     write_backlog_tokens=self.cache.write_backlog_tokens,
                     read_s_per_page=self.cache.costs.read_s_per_page,
+                    gc_s=self.collector.take(),
                 )
             )
         return [r for r in finished if r.state is RequestState.FINISHED]
@@ -552,6 +575,10 @@ class Scheduler:
                 self.cache.release(lease, request.prompt[: lease.cached], lease.slots)
         self.running.clear()
         self._slots_on_device.clear()
+        self.collector.close()
+        if self._managed_gc:
+            self._managed_gc = False
+            ManagedCollection.release()
 
     # -- internals --------------------------------------------------------------------------------
 

@@ -309,7 +309,7 @@ def test_every_forward_is_a_step_that_says_where_the_scheduler_spent_it(
         starts = [s.started for s in steps]
         assert starts == sorted(starts) and starts[0] >= 0 and starts[-1] <= run.wall_s
         for step in steps:
-            assert min(step.poll_s, step.admit_s, step.forward_s, step.finish_s) >= 0
+            assert min(step.poll_s, step.admit_s, step.forward_s, step.finish_s, step.gc_s) >= 0
             assert step.context_tokens >= step.prefill_tokens + step.decode_tokens
         loaded = sum(s.loaded_tokens for s in steps)
         assert loaded == run.cache["pages_loaded"] * SMALL.page_size
@@ -448,3 +448,29 @@ def test_idle_writes_reaches_the_cache_and_is_checked() -> None:
         BenchConfig(idle_writes=1)  # type: ignore[arg-type]
     result = CliRunner().invoke(main, ["engine", "bench", "--help"])
     assert "--no-idle-writes" in result.output
+
+
+def test_managed_gc_is_on_by_default_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bench's engines run the collector between steps unless ``--no-managed-gc``."""
+    import gc
+
+    from hicache_storage.bench import engine as bench_engine
+
+    seen: list[tuple[bool, bool]] = []
+    made = bench_engine.Engine
+
+    class Watching(made):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: object, managed_gc: bool = False, **kwargs: object) -> None:
+            super().__init__(*args, managed_gc=managed_gc, **kwargs)  # type: ignore[arg-type]
+            seen.append((managed_gc, gc.isenabled()))
+
+    monkeypatch.setattr(bench_engine, "Engine", Watching)
+    small = dataclasses.replace(SMALL, rounds=1, clients=2)
+    run_bench(small, runs=["L1+L2"])
+    run_bench(dataclasses.replace(small, managed_gc=False), runs=["L1+L2"])
+    assert seen == [(True, False)] * 2 + [(False, True)] * 2, "no-cache and L1+L2, each way"
+    assert gc.isenabled() and gc.get_freeze_count() == 0, "every engine gave it back"
+    with pytest.raises(ConfigError, match="managed_gc"):
+        BenchConfig(managed_gc=1)  # type: ignore[arg-type]
+    result = CliRunner().invoke(main, ["engine", "bench", "--help"])
+    assert "--no-managed-gc" in result.output
