@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import importlib.metadata
 import math
 import platform
@@ -190,6 +191,10 @@ class BenchConfig:
     managed_gc
         The scheduler runs the garbage collector between steps, over the objects made after
         the warm-up (the engine's option of that name).
+    warmup
+        Before each configuration's first run, serve as many clients as run at once through
+        every round on a throwaway cache of that configuration, untimed: the forwards of the
+        workload's shapes, not only the model's largest, are then paid before the clock.
     """
 
     backend: str = "memory"
@@ -224,6 +229,7 @@ class BenchConfig:
     idle_writes: bool = True
     write_batch_bytes: int | None = None
     managed_gc: bool = True
+    warmup: bool = True
 
     def __post_init__(self) -> None:
         if self.model not in _MODELS:
@@ -261,7 +267,7 @@ class BenchConfig:
         for name in ("transfer_sms", "write_batch_bytes"):
             if getattr(self, name) is not None:
                 positive_int(name, getattr(self, name), ConfigError)
-        for name in ("early_loads", "idle_writes", "managed_gc"):
+        for name in ("early_loads", "idle_writes", "managed_gc", "warmup"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         share("write_backlog", self.write_backlog, ConfigError)
@@ -623,7 +629,8 @@ def run_bench(
         for name, description in RUNS:
             if name not in wanted:
                 continue
-            result = _serve(config, name, description, model, turns, progress)
+            warm = config.warmup and repeat == 0
+            result = _serve(config, name, description, model, turns, progress, warm=warm)
             result.repeat = repeat
             outputs = {(r.client, r.round): r.output for r in result.records}
             if reference is None:
@@ -808,21 +815,20 @@ def _serve(
     model: LlamaModel,
     turns: Sequence[Turn],
     progress: Progress | None,
+    *,
+    warm: bool = False,
 ) -> RunResult:
-    """Serve ``turns`` over configuration ``name`` on fresh pools (and a cleared backend)."""
+    """Serve ``turns`` over configuration ``name`` on fresh pools (and a cleared backend).
+
+    ``warm`` first serves a few clients' turns untimed (:func:`_warm_serve`).
+    """
+    if warm:
+        _warm_serve(config, name, model, turns)
     backend = None
     cleared: bool | None = None
     if name == "L1+L2+L3":
-        layers = None
-        if config.read_delay_s:
-            slow = FaultConfig(ops={"batch_get_v1": FaultRule(delay_s=config.read_delay_s)})
-            layers = LayerConfig(faults=slow)
-        backend = create_backend(config.backend, config.backend_config, layers=layers)
-        try:
-            backend.clear()
-            cleared = True
-        except UnsupportedOperationError:
-            cleared = False
+        backend = _open_backend(config)
+        cleared = _clear(backend)
     try:
         cache = _build_cache(config, name, backend)
         _warm_transfer(cache)
@@ -853,6 +859,60 @@ def _serve(
     result.storage_stats = storage
     result.steps = [dataclasses.replace(step, started=step.started - start) for step in steps]
     return result
+
+
+def _warm_serve(config: BenchConfig, name: str, model: LlamaModel, turns: Sequence[Turn]) -> None:
+    """Serve the first clients' turns over a throwaway cache of configuration ``name``, untimed.
+
+    The model's warm-up runs one forward; a run makes forwards of every shape its workload
+    brings (decode batches over contexts as long as the longest, prefills over cached
+    prefixes, loads of fetched pages), and on the H200 the first run of a configuration paid
+    for the shapes it met first: 0.5-1.9 s forwards of a few tokens, in the first repeat only
+    (``docs/performance.md``). As many clients as run at once (at most all of them) go through
+    every round here, on pools of the run's sizes, so those costs land before the clock.
+    With storage, the warm-up has a backend object of its own (the run's counts its own
+    calls only) and starts on an emptied store, as the run does (which empties it again); a
+    store that cannot be emptied is left alone and the warm-up goes without it.
+    """
+    clients = min(config.concurrency or config.clients, config.clients)
+    backend = _open_backend(config) if name == "L1+L2+L3" else None
+    try:
+        if backend is not None and not _clear(backend):
+            backend.close()
+            backend = None
+        cache = _build_cache(config, name, backend)
+        _warm_transfer(cache)
+        with Engine(
+            model,
+            cache,
+            chunk_tokens=config.chunk_tokens,
+            max_running=config.max_running,
+            managed_gc=config.managed_gc,
+        ) as engine:
+            _drive(engine, config, [t for t in turns if t.client < clients], name, None)
+        del cache, engine
+    finally:
+        if backend is not None:
+            backend.close()
+        gc.collect()  # the throwaway pools go before the run allocates its own
+
+
+def _open_backend(config: BenchConfig) -> StorageBackend:
+    """Open the run's storage backend: the default layers, and the fault layer's read delay."""
+    layers = None
+    if config.read_delay_s:
+        slow = FaultConfig(ops={"batch_get_v1": FaultRule(delay_s=config.read_delay_s)})
+        layers = LayerConfig(faults=slow)
+    return create_backend(config.backend, config.backend_config, layers=layers)
+
+
+def _clear(backend: StorageBackend) -> bool:
+    """Empty the store; False if the backend cannot."""
+    try:
+        backend.clear()
+    except UnsupportedOperationError:
+        return False
+    return True
 
 
 def _warm_transfer(cache: TierCache) -> None:

@@ -417,6 +417,12 @@ def engine_group() -> None:
     "instead of in whichever thread allocates (default on).",
 )
 @click.option(
+    "--warmup/--no-warmup",
+    default=None,
+    help="Serve a few clients' turns untimed on a throwaway cache before each configuration's "
+    "first run (default on).",
+)
+@click.option(
     "--write-backlog",
     type=click.FloatRange(min=0, max=1, min_open=True),
     help="Share of the host pool that pages waiting to be written may hold before the writer "

@@ -465,7 +465,7 @@ def test_managed_gc_is_on_by_default_and_checked(monkeypatch: pytest.MonkeyPatch
             seen.append((managed_gc, gc.isenabled()))
 
     monkeypatch.setattr(bench_engine, "Engine", Watching)
-    small = dataclasses.replace(SMALL, rounds=1, clients=2)
+    small = dataclasses.replace(SMALL, rounds=1, clients=2, warmup=False)
     run_bench(small, runs=["L1+L2"])
     run_bench(dataclasses.replace(small, managed_gc=False), runs=["L1+L2"])
     assert seen == [(True, False)] * 2 + [(False, True)] * 2, "no-cache and L1+L2, each way"
@@ -474,3 +474,48 @@ def test_managed_gc_is_on_by_default_and_checked(monkeypatch: pytest.MonkeyPatch
         BenchConfig(managed_gc=1)  # type: ignore[arg-type]
     result = CliRunner().invoke(main, ["engine", "bench", "--help"])
     assert "--no-managed-gc" in result.output
+
+
+def test_each_configuration_is_warmed_once_on_a_store_it_leaves_empty(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Before its first repeat, every configuration serves the first clients' turns untimed.
+
+    The warm-up has pools of its own and starts on an emptied store, as every timed run does.
+    """
+    from hicache_storage.bench import engine as bench_engine
+
+    root = tmp_path / "store"
+    served: list[tuple[int, int]] = []  # (clients, turns) of every drive
+    stored_at_build: list[int] = []  # files in the store as each storage cache is built
+    drive, build_cache = bench_engine._drive, bench_engine._build_cache
+
+    def counting(engine: object, config: BenchConfig, turns: list, *args: object) -> object:  # type: ignore[type-arg]
+        served.append((len({t.client for t in turns}), len(turns)))
+        return drive(engine, config, turns, *args)  # type: ignore[arg-type]
+
+    def building(config: BenchConfig, name: str, backend: object) -> object:
+        if backend is not None:
+            stored_at_build.append(sum(1 for p in root.rglob("*") if p.is_file()))
+        return build_cache(config, name, backend)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bench_engine, "_drive", counting)
+    monkeypatch.setattr(bench_engine, "_build_cache", building)
+    small = dataclasses.replace(
+        SMALL,
+        clients=3,
+        concurrency=2,
+        repeat=2,
+        backend="file",
+        backend_config={"root": str(root)},
+    )
+    everything, two = (3, 3 * SMALL.rounds), (2, 2 * SMALL.rounds)
+    run_bench(dataclasses.replace(small, warmup=False), runs=["L1+L2+L3"])
+    assert served == [everything] * 4, "no warm-up: no-cache and L1+L2+L3, twice"
+    assert any(p.is_file() for p in root.rglob("*")), "the last run left its pages"
+    served.clear()
+    stored_at_build.clear()
+    warmed = run_bench(small, runs=["L1+L2+L3"])
+    assert served == [two, everything, two, everything, everything, everything]
+    assert stored_at_build == [0, 0, 0], "warm-up, first and second timed run: an empty store"
+    assert all(run.identical for run in warmed.runs)
