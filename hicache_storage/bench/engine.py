@@ -830,16 +830,9 @@ def _serve(
         backend = _open_backend(config)
         cleared = _clear(backend)
     try:
-        cache = _build_cache(config, name, backend)
-        _warm_transfer(cache)
-        with Engine(
-            model,
-            cache,
-            chunk_tokens=config.chunk_tokens,
-            max_running=config.max_running,
-            managed_gc=config.managed_gc,
-        ) as engine:
-            assert engine.scheduler is not None
+        with _engine(config, name, model, backend) as engine:
+            cache = engine.cache
+            assert engine.scheduler is not None and cache is not None
             if progress is not None:
                 progress(name, 0, len(turns))
             steps: list[StepRecord] = []
@@ -880,21 +873,28 @@ def _warm_serve(config: BenchConfig, name: str, model: LlamaModel, turns: Sequen
         if backend is not None and not _clear(backend):
             backend.close()
             backend = None
-        cache = _build_cache(config, name, backend)
-        _warm_transfer(cache)
-        with Engine(
-            model,
-            cache,
-            chunk_tokens=config.chunk_tokens,
-            max_running=config.max_running,
-            managed_gc=config.managed_gc,
-        ) as engine:
+        with _engine(config, name, model, backend) as engine:
             _drive(engine, config, [t for t in turns if t.client < clients], name, None)
-        del cache, engine
+        del engine
     finally:
         if backend is not None:
             backend.close()
         gc.collect()  # the throwaway pools go before the run allocates its own
+
+
+def _engine(
+    config: BenchConfig, name: str, model: LlamaModel, backend: StorageBackend | None
+) -> Engine:
+    """Return an engine over a fresh cache of configuration ``name``, its copies compiled."""
+    cache = _build_cache(config, name, backend)
+    _warm_transfer(cache)
+    return Engine(
+        model,
+        cache,
+        chunk_tokens=config.chunk_tokens,
+        max_running=config.max_running,
+        managed_gc=config.managed_gc,
+    )
 
 
 def _open_backend(config: BenchConfig) -> StorageBackend:
