@@ -518,6 +518,8 @@ class TierCache:
         self._writing: dict[int, tuple[Node, frozenset[str], torch.Tensor | None]] = {}
         """Nodes whose pages are being written: their hashes, and the staging slots the pages
         are written from when the node's host copy is not (:meth:`_stage`)."""
+        self._writing_pages = 0
+        """Pages of :attr:`_writing`, kept as it changes (the scheduler asks every step)."""
         self._host_copies: list[tuple[torch.Tensor, CopyFence]] = []
         """Device→host copies that may still be in flight: their host slots and fences."""
         host_size = 0 if host_pool is None else host_pool.size
@@ -987,7 +989,7 @@ class TierCache:
         self.tree.lock(node, host=False)  # the request computes from the device copies
         need = -(-(total_tokens - match.device_len) // page) * page
         room = self.device_alloc.available_size() + self._early_held
-        if need > room and need > room + self._evictable_device_tokens():  # walks the tree
+        if need > room and not self._evictable_device_reaches(need - room):
             self.tree.unlock(node, host=False)
             return None
         fresh: torch.Tensor | None = None
@@ -1228,7 +1230,7 @@ class TierCache:
     @property
     def write_backlog_tokens(self) -> int:
         """Host tokens pinned until the writes queued for them are done."""
-        return sum(len(hashes) for _, hashes, _ in self._writing.values()) * self.config.page_size
+        return self._writing_pages * self.config.page_size
 
     @property
     def threads(self) -> tuple[object, ...]:
@@ -1270,12 +1272,15 @@ class TierCache:
             raise HostPoolError(f"the device pool cannot hold {need} more tokens")
         return slots
 
-    def _evictable_device_tokens(self) -> int:
-        return sum(
-            n.num_tokens
-            for n in self.tree.nodes()
-            if n.device_indices is not None and n.lock_ref == 0
-        )
+    def _evictable_device_reaches(self, tokens: int) -> bool:
+        """Whether unlocked device pages hold ``tokens`` slots; walks the tree until they do."""
+        found = 0
+        for node in self.tree.nodes():
+            if node.device_indices is not None and node.lock_ref == 0:
+                found += node.num_tokens
+                if found >= tokens:
+                    return True
+        return False
 
     def _alloc_host(self, count: int, *, stored_only: bool = False) -> torch.Tensor | None:
         """Allocate host slots, evicting host leaves to storage (written first when unstored).
@@ -1551,7 +1556,10 @@ class TierCache:
         job = Backup(self.scheme.keys(node.hashes), host, node.id, ready, self.scheme.keys_per_page)
         if not self.io.backup(job):
             return False
-        self._writing[node.id] = (node, frozenset(node.hashes), staging)
+        assert node.id not in self._writing  # both callers write a node once at a time
+        hashes = frozenset(node.hashes)
+        self._writing[node.id] = (node, hashes, staging)
+        self._writing_pages += len(hashes)
         if self.write_backlog_tokens > self._backlog_tokens:
             self.io.hurry()  # the host fills with pages waiting for storage faster than it drains
         return True
@@ -1565,6 +1573,7 @@ class TierCache:
         ticket = done.backup.ticket
         assert isinstance(ticket, int)
         node, hashes, staging = self._writing.pop(ticket)
+        self._writing_pages -= len(hashes)
         if staging is None:
             self.tree.unpin_host(node)
         elif self.host_pool is not None:

@@ -123,7 +123,9 @@ class MetricsLayer(ForwardingBackend):
         error: str | None = None,
     ) -> None:
         with self._lock:
-            stats = self._ops.setdefault(op, _OpStats())
+            stats = self._ops.get(op)
+            if stats is None:  # not setdefault: that builds a new one on every call
+                stats = self._ops[op] = _OpStats()
             stats.calls += 1
             stats.seconds += seconds
             stats.buckets[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1

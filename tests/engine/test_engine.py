@@ -430,7 +430,19 @@ def test_background_writes_keep_the_tokens_and_leave_no_thread(
     config = cache.config
     assert len(cache.threads) == config.query_threads + config.read_threads + 1
     assert all(t.is_alive() for t in cache.threads)
-    assert run(Engine(model, cache), [list(p) for p in prompts]) == expected
+    engine = Engine(model, cache)
+    assert engine.scheduler is not None
+    backlogs: list[tuple[int, int]] = []  # (kept as writes come and go, counted afresh)
+
+    def recount(_: object) -> None:
+        pages = sum(len(hashes) for _, hashes, _ in cache._writing.values())
+        backlogs.append((cache.write_backlog_tokens, pages * PAGE))
+
+    engine.scheduler.on_step = recount
+    assert run(engine, [list(p) for p in prompts]) == expected
+    assert any(kept for kept, _ in backlogs), "writes were in flight at some step"
+    assert all(kept == counted for kept, counted in backlogs)
+    assert cache.write_backlog_tokens == 0, "every write returned at close"
     assert not any(t.is_alive() for t in cache.threads)
     assert {t.ident for t in threading.enumerate()} <= before
     assert cache.tree.locked_tokens == 0
