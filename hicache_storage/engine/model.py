@@ -30,12 +30,14 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from hicache_storage.errors import ConfigError, HostPoolError, InvalidValueError
 from hicache_storage.kit.options import positive_int
 
 __all__ = [
+    "ATTENTION_BACKENDS",
     "DTYPES",
     "KVPool",
     "LayerHook",
@@ -52,6 +54,14 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 """The model's floating-point types by name (a ``config.json``'s ``torch_dtype``, ``--dtype``)."""
+
+ATTENTION_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+"""The attention kernels a forward may use: every one of ``scaled_dot_product_attention``'s but
+cuDNN's. torch 2.11 tries cuDNN first on Hopper, and cuDNN builds an execution plan for each
+shape it has not met: on the H200, 43-2,146 ms for four masked decodes over a new context length
+and 43-690 ms for 64 queries over one, against about 1 ms for either once built, which flash and
+memory-efficient attention match without building anything. A serving engine meets a new context
+length in nearly every step, so nearly every step paid for a plan."""
 
 LayerHook = Callable[[int], None]
 """Called with a layer index right before the forward touches that layer of the pool."""
@@ -818,16 +828,21 @@ class LlamaModel:
     def _decode(
         self, tokens: torch.Tensor, positions: torch.Tensor, attend: Attend
     ) -> torch.Tensor:
-        """Run the decoder layers over ``(T,)`` tokens; return the final-normed ``(T, hidden)``."""
+        """Run the decoder layers over ``(T,)`` tokens; return the final-normed ``(T, hidden)``.
+
+        Attention runs on :data:`ATTENTION_BACKENDS` only, for the forward's duration (the choice
+        is process-wide while it lasts, as ``sdpa_kernel`` makes it).
+        """
         freqs = positions.float()[:, None, None] * self._inv_freq
         cos, sin = freqs.cos(), freqs.sin()
         h = F.embedding(tokens, self.embedding)
         graphs = self._graphs
-        if graphs is not None and graphs.fits(tokens.numel()):
-            h = graphs.decode(h, cos, sin, attend)
-        else:
-            for i, layer in enumerate(self.layers):
-                h = self._after_attention(layer, h, attend(i, *self._qkv(layer, h, cos, sin)))
+        with sdpa_kernel(list(ATTENTION_BACKENDS)):
+            if graphs is not None and graphs.fits(tokens.numel()):
+                h = graphs.decode(h, cos, sin, attend)
+            else:
+                for i, layer in enumerate(self.layers):
+                    h = self._after_attention(layer, h, attend(i, *self._qkv(layer, h, cos, sin)))
         return _rms_norm(h, self.final_norm, self.config.rms_eps)
 
     def _qkv(

@@ -262,6 +262,40 @@ def test_layer_ready_runs_once_per_layer_in_order_before_its_attention() -> None
         torch.testing.assert_close(logits, oracle[n:], atol=ATOL, rtol=RTOL)
 
 
+def test_attention_never_runs_on_cudnn_and_the_process_choice_is_restored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """cuDNN builds a plan for each new shape (a serving engine meets one nearly every step)."""
+    model = LlamaModel(ModelConfig.tiny(layers=2))
+    pool = poisoned_pool(model)
+    real = torch.nn.functional.scaled_dot_product_attention
+    seen: list[tuple[bool, bool, bool]] = []
+
+    def spy(*args: object, **kwargs: object) -> torch.Tensor:
+        backends = torch.backends.cuda
+        seen.append(
+            (
+                backends.cudnn_sdp_enabled(),
+                backends.flash_sdp_enabled(),
+                backends.mem_efficient_sdp_enabled(),
+            )
+        )
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    prompt = random_tokens(PAGE + 3, seed=60)
+    slots = shuffled_slots(len(prompt) + 2, seed=9)
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    out = model.generate(prompt, 3, pool, slots)
+    oracle = model.generate_no_cache(prompt, 3)
+
+    assert out == oracle
+    # prefill, two decodes and the oracle's three forwards, every layer of each
+    assert len(seen) == 6 * model.config.layers
+    assert set(seen) == {(False, True, True)}
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
 def test_weights_are_seeded() -> None:
     config = ModelConfig.tiny()
     tokens = torch.tensor(random_tokens(PAGE, seed=60))
