@@ -57,11 +57,11 @@ DTYPES: dict[str, torch.dtype] = {
 
 ATTENTION_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 """The attention kernels a forward may use: every one of ``scaled_dot_product_attention``'s but
-cuDNN's. torch 2.11 tries cuDNN first on Hopper, and cuDNN builds an execution plan for each
-shape it has not met: on the H200, 43-2,146 ms for four masked decodes over a new context length
-and 43-690 ms for 64 queries over one, against about 1 ms for either once built, which flash and
-memory-efficient attention match without building anything. A serving engine meets a new context
-length in nearly every step, so nearly every step paid for a plan."""
+cuDNN's. torch 2.11 tries cuDNN first on Hopper for masked attention, and cuDNN builds an
+execution plan for each shape it has not met: on the H200, 43-2,146 ms for four masked decodes
+over a new context length, against about 1 ms once built, which flash and memory-efficient
+attention match without building anything. A serving engine meets a new context length in
+nearly every step, so nearly every step with a batch of decodes paid for a plan."""
 
 LayerHook = Callable[[int], None]
 """Called with a layer index right before the forward touches that layer of the pool."""
