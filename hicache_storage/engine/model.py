@@ -20,11 +20,13 @@ Weights are seeded random (no download), each matrix drawn with standard deviati
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -62,6 +64,42 @@ execution plan for each shape it has not met: on the H200, 43-2,146 ms for four 
 over a new context length, against about 1 ms once built, which flash and memory-efficient
 attention match without building anything. A serving engine meets a new context length in
 nearly every step, so nearly every step with a batch of decodes paid for a plan."""
+
+
+class _AttentionChoice:
+    """Keeps :data:`ATTENTION_BACKENDS` chosen while any forward runs, in any thread.
+
+    ``sdpa_kernel`` sets process-wide flags and puts back what it found when it exits, so two
+    forwards overlapping in two threads would put back each other's choice: the one that exits
+    last would leave cuDNN off for good, or the first would turn it back on under the other.
+    Here the first forward in makes the choice and the last one out puts the old one back.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._choice: contextlib.ExitStack | None = None
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold the choice for the body of a ``with`` block."""
+        with self._lock:
+            if self._holders == 0:
+                choice = contextlib.ExitStack()
+                choice.enter_context(sdpa_kernel(list(ATTENTION_BACKENDS)))
+                self._choice = choice
+            self._holders += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holders -= 1
+                if self._holders == 0 and self._choice is not None:
+                    choice, self._choice = self._choice, None
+                    choice.close()
+
+
+_ATTENTION_CHOICE = _AttentionChoice()
 
 LayerHook = Callable[[int], None]
 """Called with a layer index right before the forward touches that layer of the pool."""
@@ -830,14 +868,14 @@ class LlamaModel:
     ) -> torch.Tensor:
         """Run the decoder layers over ``(T,)`` tokens; return the final-normed ``(T, hidden)``.
 
-        Attention runs on :data:`ATTENTION_BACKENDS` only, for the forward's duration (the choice
-        is process-wide while it lasts, as ``sdpa_kernel`` makes it).
+        Attention runs on :data:`ATTENTION_BACKENDS` only while any forward runs (the choice is
+        process-wide while it lasts, as ``sdpa_kernel`` makes it).
         """
         freqs = positions.float()[:, None, None] * self._inv_freq
         cos, sin = freqs.cos(), freqs.sin()
         h = F.embedding(tokens, self.embedding)
         graphs = self._graphs
-        with sdpa_kernel(list(ATTENTION_BACKENDS)):
+        with _ATTENTION_CHOICE.held():
             if graphs is not None and graphs.fits(tokens.numel()):
                 h = graphs.decode(h, cos, sin, attend)
             else:

@@ -10,6 +10,7 @@ fails loudly.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -293,6 +294,44 @@ def test_attention_never_runs_on_cudnn_and_the_process_choice_is_restored(
     # prefill, two decodes and the oracle's three forwards, every layer of each
     assert len(seen) == 6 * model.config.layers
     assert set(seen) == {(False, True, True)}
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def test_forwards_overlapping_in_two_threads_keep_cudnn_off_until_the_last_one_ends() -> None:
+    """Each forward putting back what it found would turn cuDNN on under the other, then off."""
+    model = LlamaModel(ModelConfig.tiny(layers=2))
+    pool = poisoned_pool(model)
+    inside, release = threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def first_waits(layer: int) -> None:
+        if layer == 0:
+            inside.set()
+            assert release.wait(10)
+
+    def second_outlives_first(layer: int) -> None:
+        if layer == 0:  # the first forward ends while this one is in its first layer
+            release.set()
+            first.join(10)
+            assert not first.is_alive()
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    slots = shuffled_slots(2 * PAGE, seed=10)
+    prompt = random_tokens(PAGE, seed=61)
+    first = threading.Thread(
+        target=model.forward,
+        args=([segment(prompt, slots[:PAGE])], pool),
+        kwargs={"layer_ready": first_waits},
+    )
+    first.start()
+    try:
+        assert inside.wait(10)
+        model.forward([segment(prompt, slots[PAGE:])], pool, layer_ready=second_outlives_first)
+    finally:
+        release.set()
+        first.join(10)
+    assert seen == [False] * model.config.layers
     assert torch.backends.cuda.cudnn_sdp_enabled()
 
 
