@@ -54,9 +54,6 @@ logger = logging.getLogger(__name__)
 
 _ids = itertools.count()
 
-_BLOCK_SHARE = 0.1
-"""Share of a forward the scheduler may block per step for prefetches about to land."""
-
 _IDLE_BLOCK_S = 0.005
 """How long the scheduler blocks for a prefetch when nothing runs, before it looks again."""
 
@@ -587,9 +584,13 @@ class Scheduler:
         failed: list[tuple[Request, BaseException]] = []
         forward_s = self._next_forward_s()
         busy = bool(self.running)
-        # Blocking for a fetch about to land delays every running request's next token, so it
-        # is allowed a tenth of a forward per step; with nothing running it delays no one.
-        budget = _BLOCK_SHARE * forward_s if busy else _IDLE_BLOCK_S
+        # A fetch that lands after the step has started waits for the whole next forward, where
+        # blocking for it delays the running requests instead: the first token of each one still
+        # prefilling (a decode's next token is not a first). Blocking pays while the wait, paid
+        # by this request and each of those, is shorter than the forward it would miss; with
+        # nothing running it delays no one. One budget for all the step's waiting requests.
+        prefilling = sum(r.state is RequestState.PREFILL for r in self.running)
+        budget = forward_s / (1 + prefilling) if busy else _IDLE_BLOCK_S
         deadline = time.perf_counter() + budget
         for request in self.waiting:
             if len(self.running) + len(admitted) >= self.max_running:

@@ -251,6 +251,51 @@ def test_a_wait_after_the_fetch_finished_is_queue_not_storage(model: LlamaModel)
     cache.close()
 
 
+@pytest.mark.parametrize(
+    ("states", "budget_s"),
+    [
+        ((RequestState.PREFILL, RequestState.PREFILL, RequestState.DECODE), 0.3 / 3),
+        ((RequestState.DECODE, RequestState.DECODE), 0.3),
+        ((), 0.005),
+    ],
+    ids=["two-prefilling", "only-decodes", "idle"],
+)
+def test_the_block_for_landing_fetches_is_the_forward_they_would_miss_shared_by_first_tokens(
+    model: LlamaModel,
+    monkeypatch: pytest.MonkeyPatch,
+    states: tuple[RequestState, ...],
+    budget_s: float,
+) -> None:
+    """Missing a step costs a fetching request the next forward; blocking for it costs each
+    prefilling request as much first-token time (decodes have had theirs); one budget a step."""
+    cache = build_cache(256, 256, create_backend("memory"))
+    scheduler = Scheduler(model, cache)
+    prompts = distinct_prompts(2 + len(states), 12, seed=12)
+    for prompt, state in zip(prompts, states, strict=False):
+        running = Request(prompt, NEW)
+        running.state = state
+        scheduler.running.append(running)
+    first, second = (scheduler.submit(Request(p, NEW)) for p in prompts[len(states) :])
+    monkeypatch.setattr(scheduler, "_next_forward_s", lambda: 0.3)
+    offered: list[tuple[int, float]] = []
+
+    def ready(lookup: object, *, block_s: float = 0.0, next_step_s: float = 0.0) -> bool:
+        offered.append((1 if lookup is first.lookup else 2, block_s))
+        if lookup is first.lookup:
+            time.sleep(budget_s / 2)  # the first waiting request blocks for half the budget
+        return False
+
+    monkeypatch.setattr(scheduler.cache, "ready", ready)
+    scheduler._admit()
+
+    assert [who for who, _ in offered] == [1, 2]
+    assert budget_s * 0.9 <= offered[0][1] <= budget_s
+    assert offered[1][1] <= budget_s / 2
+    assert list(scheduler.waiting) == [first, second]
+    scheduler.running.clear()
+    cache.close()
+
+
 # ---- layer-wise loads --------------------------------------------------------------------------
 
 
