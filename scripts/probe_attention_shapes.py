@@ -4,7 +4,7 @@ A serving engine's forwards attend over context lengths that change nearly every
 that builds something per shape (cuDNN builds an execution plan) pays for it in each such step.
 This times the engine model's two attention forms, each once at a context length it has not met
 and then again at the same one, on torch's default choice of kernel and on each kernel alone:
-four masked decodes batched as the engine batches them, and 64 queries over a longer context
+four masked decodes batched by the engine's own code, and 64 queries over a longer context
 (the later query of a stored document). Prints a row per kernel and form, in milliseconds.
 
     python scripts/probe_attention_shapes.py [--lengths 6]
@@ -19,10 +19,9 @@ import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from hicache_storage.engine.model import _attention
+from hicache_storage.engine.model import Segment, _attention, _Decodes
 
 KERNELS: dict[str, list[SDPBackend] | None] = {
     "torch's default": None,
@@ -55,12 +54,13 @@ def main() -> None:
     v_pool = torch.randn_like(k_pool)
 
     def decodes(longest: int) -> torch.Tensor:
-        lengths = torch.tensor([longest - 1500 * i for i in range(4)], device=device)
-        slots = torch.randint(0, POOL, (4, longest), device=device)
-        mask = (torch.arange(longest, device=device)[None, :] < lengths[:, None])[:, None, None]
-        q = torch.randn(4, KV_HEADS, GROUP, DIM, device=device, dtype=dtype)
-        k, v = k_pool[slots].transpose(1, 2), v_pool[slots].transpose(1, 2)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        token = torch.zeros(1, dtype=torch.int64, device=device)
+        segments = [
+            Segment(token, torch.randint(0, POOL, (longest - 1500 * i,), device=device))
+            for i in range(4)
+        ]
+        q = torch.randn(4, KV_HEADS * GROUP, DIM, device=device, dtype=dtype)
+        return _Decodes.of(segments, 0).attend(q, k_pool, v_pool)
 
     def later_query(context: int) -> torch.Tensor:
         q = torch.randn(64, KV_HEADS * GROUP, DIM, device=device, dtype=dtype)
