@@ -349,6 +349,9 @@ class CacheStats:
     layer_loads: int = 0
     host_room_wait_s: float = 0.0
     """Seconds the scheduler's thread waited for background writes to free host room."""
+    fetch_room_wait_s: float = 0.0
+    """The part of ``host_room_wait_s`` spent making room for fetched pages (the rest made it
+    for copies of device pages: backups and write-through)."""
     write_waits_skipped: int = 0
     """Times host room was refused instead of waited for: the store reads a page back slower
     than it is computed, so no write is worth a wait (``TierCache._writes_pay``)."""
@@ -703,7 +706,9 @@ class TierCache:
                 self.stats.prefetch_no_room += 1
                 fetch.cancel()
                 continue
+            waited = self.stats.host_room_wait_s
             host = self._alloc_host(pages * page, stored_only=between_layers)
+            self.stats.fetch_room_wait_s += self.stats.host_room_wait_s - waited
             if host is None and between_layers:
                 waiting.append((fetch, lookup))  # the anchor stays pinned for the step
                 continue
