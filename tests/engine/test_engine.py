@@ -425,14 +425,14 @@ def test_room_a_fetch_waits_for_is_counted_apart_from_room_for_copies(model: Lla
     b = [rng.randrange(CONFIG.vocab_size) for _ in range(10 * PAGE + 1)]
     expected = run(Engine(model, None), [list(b), list(a)])
     slow = LayerConfig(faults=FaultConfig(ops={"batch_set_v1": FaultRule(delay_s=0.05)}))
-    counting = CountingSets(create_backend("memory", layers=slow))
-    run(Engine(model, build(64, 64, counting)), [list(a)])
-    cache = build(64, 10 * PAGE, counting, write_batch_bytes=CONFIG.kv_bytes_per_token * PAGE)
+    backend = create_backend("memory", layers=slow)
+    run(Engine(model, build(64, 64, backend)), [list(a)])
+    cache = build(64, 10 * PAGE, backend, write_batch_bytes=CONFIG.kv_bytes_per_token * PAGE)
     assert run(Engine(model, cache), [list(b), list(a)]) == expected
     assert cache.stats.pages_fetched > 0, "A came from storage"
     assert cache.stats.fetch_room_wait_s > 0, "A's fetch waited for B's pages to be written"
     assert cache.stats.fetch_room_wait_s <= cache.stats.host_room_wait_s
-    counting.close()
+    backend.close()
 
 
 def test_write_backlog_is_a_share_of_the_host_pool() -> None:
