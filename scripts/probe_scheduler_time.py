@@ -50,7 +50,7 @@ METHODS = (
 seconds: dict[tuple[str, str], float] = collections.defaultdict(float)
 cpu_seconds: dict[tuple[str, str], float] = collections.defaultdict(float)
 calls: collections.Counter[tuple[str, str]] = collections.Counter()
-caches: dict[int, str] = {}
+labels: set[str] = set()
 
 
 def label(cache: TierCache) -> str:
@@ -73,7 +73,8 @@ def timed(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return method(self, *args, **kwargs)
         finally:
-            key = (caches.setdefault(id(self), label(self)), name)
+            labels.add(config := label(self))  # by configuration, not id(): ids are reused
+            key = (config, name)
             seconds[key] += time.perf_counter() - began
             cpu_seconds[key] += time.thread_time() - cpu_began
             calls[key] += 1
@@ -87,7 +88,7 @@ def report(repeat: int) -> None:
     Wall time the thread did not spend on the CPU is waiting: for the GIL, a lock, or a
     blocking call (a CUDA synchronisation spins on the CPU by default, so it counts as CPU).
     """
-    configs = [c for c in ("no-cache", "L1", "L1+L2", "L1+L2+L3") if c in set(caches.values())]
+    configs = [c for c in ("no-cache", "L1", "L1+L2", "L1+L2+L3") if c in labels]
     print(f"{'method':18s}" + "".join(f"{c + ' (wall/cpu ms, calls)':>32s}" for c in configs))
     for name in METHODS:
         cells = [

@@ -93,6 +93,12 @@ _COPY_PAYS = 0.25
 hit saves a storage read of the page (0.4-0.5 ms for 8 MiB on the H200), a copy costs a
 device→host transfer on the forward's stream (about 0.16 ms) and the host page it evicts."""
 
+_BYPASS_FACTOR = 4.0
+"""How many times slower than recomputing a page the store must read one back before the
+``adaptive`` policy stops asking it and writing to it (:meth:`TierCache._bypassed`). Above
+one, so that a store near the break-even, whose pages pay once the read queue is short or
+the batch is large, stays in use."""
+
 _INLINE_QUERY_S = 0.001
 """Existence queries measured this quick (or within 2 % of a forward) are asked in the
 scheduler's thread: the answer comes with no hand-over to a query thread, so a request whose
@@ -355,6 +361,9 @@ class CacheStats:
     write_waits_skipped: int = 0
     """Times host room was refused instead of waited for: the store reads a page back slower
     than it is computed, so no write is worth a wait (``TierCache._writes_pay``)."""
+    writes_shed: int = 0
+    """Write-throughs (and writes of evicted host pages) not made under ``adaptive`` while the
+    store was bypassed (``TierCache._bypassed``)."""
 
 
 @dataclass
@@ -628,6 +637,10 @@ class TierCache:
         """
         pages = len(match.remainder) // self.config.page_size
         if self.io is None or pages < self.config.prefetch_threshold:
+            return
+        if self._bypassed():  # nothing it holds could pay: not worth asking
+            self.stats.prefetches += 1
+            self.stats.prefetch_priced_out += 1
             return
         keys = self.scheme.keys(match.remainder_hashes)
         fetch = Prefetch(keys, self.scheme.keys_per_page, None, self.config.page_size)
@@ -1320,7 +1333,8 @@ class TierCache:
                     return None
                 continue
             unstored = not victim.stored and self.io is not None
-            if unstored and victim.id not in self._write_failed and self._store_later(victim):
+            storable = unstored and victim.id not in self._write_failed
+            if storable and not self._shed_write() and self._store_later(victim):
                 continue  # evicted once written (a failed write is not retried here)
             if unstored and victim.id not in self._writing:  # a staged write still stores it
                 self.stats.pages_dropped += victim.num_tokens // self.config.page_size
@@ -1346,6 +1360,36 @@ class TierCache:
             self.costs,
             in_flight_s_per_page=self._in_flight_s_per_page(),
         )
+
+    def _bypassed(self) -> bool:
+        """Whether ``adaptive`` leaves storage alone: it reads pages back far slower than computed.
+
+        Such a store serves no fetch (each is priced out), yet asking it costs every request an
+        existence query and its bookkeeping, and writing to it costs host room, the writer's
+        share of the cores and the store's bandwidth, for pages nobody will read. So while a
+        page reads back :data:`_BYPASS_FACTOR` times slower than recomputing it, nothing is
+        asked or written. The rate is the measured one; before any read has returned, the first
+        read in flight so far (one slow call among measured fast ones bypasses nothing). It is
+        forgotten :data:`~hicache_storage.engine.costs.READ_TTL_S` after the last read returned,
+        and the next fetch measures the store again. Measured on two cores with a store made
+        slow (1 s a read): the scheduler thread's time beyond the host-only cache's fell from
+        24-45 to 2-24 ms a run. SGLang's prefetch policies keep their meaning: every page is
+        asked for and written.
+        """
+        if self.config.prefetch_policy is not PrefetchPolicy.ADAPTIVE:
+            return False
+        page = self.config.page_size
+        recompute = self.costs.recompute_cost_s(page)
+        per_page = self.costs.read_s_per_page
+        if per_page is None:  # unmeasured: the first read in flight is the evidence
+            per_page = self._in_flight_s_per_page()
+        return recompute is not None and per_page > _BYPASS_FACTOR * recompute
+
+    def _shed_write(self) -> bool:
+        """:meth:`_bypassed`, counting the write not made (``writes_shed``)."""
+        shed = self._bypassed()
+        self.stats.writes_shed += shed
+        return shed
 
     # -- moves between tiers ----------------------------------------------------------------------
 
@@ -1433,7 +1477,7 @@ class TierCache:
         if self.host_pool is None:
             return
         backed_up = self._backup(node)
-        if self.io is None:
+        if self.io is None or self._shed_write():
             return
         path = self.tree.path(node)
         for i, step in enumerate(path):
@@ -1501,7 +1545,7 @@ class TierCache:
         node no longer on the device (evicted meanwhile, counted in ``pages_dropped``) or
         stored is forgotten.
         """
-        if not self._unstaged:
+        if not self._unstaged or self._bypassed():
             return
         pending, self._unstaged = self._unstaged, []
         still: list[Node] = []

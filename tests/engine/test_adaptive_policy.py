@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from hicache_storage import StorageBackend
+from hicache_storage.engine import costs as costs_module
 from hicache_storage.engine.cache import TierCache
 from hicache_storage.engine.costs import MIN_FOUND, READ_SAMPLES, READ_TTL_S, CostModel
 from hicache_storage.engine.engine import Engine
@@ -494,12 +495,13 @@ def test_a_slow_store_is_not_waited_for_and_its_cut_fetch_hands_back_its_slots(
     wait_slots_back(cache, "the cut fetch's")
     reads = backend.reads
     slow = cache.costs.read_s_per_page
-    assert slow is not None
+    assert slow is not None and slow > 0.004, "measured slower than computing a page (4 ms)"
     # Now the store is known to be slow: a cache that knows so (and holds nothing of the
-    # prompt itself) reads nothing of what storage could serve it.
+    # prompt itself) reads nothing of what storage could serve it. Known at 10 ms a page, not
+    # so much slower than computing one that storage is bypassed (then it is not even asked).
     known = adaptive_cache(backend)
     known.costs.observe_forward(1000, 1.0)
-    known.costs.observe_read(1, slow)
+    known.costs.observe_read(1, 0.01)
     known.costs.observe_query(1e-4, asked=1, found=1)  # quick: asked inline, answered at once
     again_scheduler = Scheduler(model, known)
     try:
@@ -555,7 +557,9 @@ def test_pages_after_a_recomputed_stored_prefix_reach_storage_through_staging(
     cache = build_cache(512, host_tokens, backend, prefetch_policy=PrefetchPolicy.ADAPTIVE)
     scheduler = Scheduler(model, cache)
     cache.costs.observe_forward(1000, 1.0)
-    cache.costs.observe_read(1, 10.0)  # known slow: the stored prompt is recomputed
+    # Known slow: 10 ms a page against 4 to compute one, so the stored prompt is recomputed;
+    # not so slow that storage is bypassed (its pages would not be written at all).
+    cache.costs.observe_read(1, 0.01)
     cache.costs.observe_query(1e-4, asked=1, found=1)
     tail = [3 + (i * 7) % (CONFIG.vocab_size - 3) for i in range(40)]
     tokens = [*prompt, *tail]
@@ -594,6 +598,97 @@ def test_pages_after_a_recomputed_stored_prefix_reach_storage_through_staging(
     assert memory.batch_exists(keys) == len(keys), (
         "the pages computed after the stored prefix never reached storage"
     )
+
+
+class Counting(Gated):
+    """A gated store that counts its existence queries and its writes."""
+
+    def __init__(self, inner: StorageBackend) -> None:
+        super().__init__(inner)
+        self.queries = 0
+        self.writes = 0
+
+    def batch_exists(self, keys: Sequence[str]) -> int:
+        self.queries += 1
+        return super().batch_exists(keys)
+
+    def batch_set_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        self.writes += 1
+        return super().batch_set_v1(keys, host_indices)
+
+
+def test_a_store_far_slower_than_recompute_is_neither_asked_nor_written_until_forgotten(
+    model: LlamaModel,
+    stored: tuple[StorageBackend, list[int], list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    memory, prompt, expected = stored
+    backend = Counting(memory)
+    cache = adaptive_cache(backend)
+    scheduler = Scheduler(model, cache)
+    cache.costs.observe_forward(1000, 1.0)  # 4 ms to compute a page
+    cache.costs.observe_read(1, 1.0)  # a second to read one: 250 times slower
+    tail = [3 + (i * 7) % (CONFIG.vocab_size - 3) for i in range(40)]
+    try:
+        request = scheduler.submit(Request([*prompt, *tail], 4))
+        run(scheduler, request)
+        assert request.output[:1] and request.storage_found == request.storage_hit == 0
+        assert cache.stats.prefetch_priced_out == 1 == cache.stats.prefetches
+        assert cache.stats.writes_shed >= 1
+        cache.close()  # the storage threads finish what was handed to them
+        assert backend.queries == 0 and backend.reads == 0, "a store that cannot pay is not asked"
+        assert backend.writes == 0 and cache.stats.pages_stored == 0, "nor written to"
+    finally:
+        scheduler.close()
+        cache.close()
+    # Once the slow spell is forgotten, the store is asked and read again: it is fast.
+    monkeypatch.setattr(costs_module, "READ_TTL_S", 0.05)
+    again_cache = adaptive_cache(backend)
+    again_scheduler = Scheduler(model, again_cache)
+    again_cache.costs.observe_forward(1000, 1.0)
+    again_cache.costs.observe_read(1, 1.0)
+    time.sleep(0.1)
+    try:
+        again = again_scheduler.submit(Request(list(prompt), 4))
+        run(again_scheduler, again)
+        assert again.output == expected
+        assert backend.queries >= 1 and again.storage_hit == (len(prompt) - 1) // PAGE * PAGE
+        assert again_cache.stats.prefetch_priced_out == 0
+    finally:
+        again_scheduler.close()
+        again_cache.close()
+
+
+def test_one_slow_read_among_measured_fast_ones_bypasses_nothing(
+    model: LlamaModel,
+    stored: tuple[StorageBackend, list[int], list[int]],
+    reading_pays: tuple[Gated, TierCache, Scheduler],
+) -> None:
+    _, prompt, expected = stored
+    backend, cache, scheduler = reading_pays
+    for _ in range(READ_SAMPLES):
+        cache.costs.observe_read(1, 1e-5)  # measured fast
+    for _ in range(60):
+        cache.costs.observe_forward(1000, 0.1)  # a page computes in about 0.4 ms
+    backend.read_gate.clear()
+    held = scheduler.submit(Request(prompt, 4))
+    deadline = time.monotonic() + WAIT_S
+    while not backend.reading.is_set():
+        assert time.monotonic() < deadline, "the fetch never started reading"
+        scheduler.step()
+    time.sleep(1.0)  # calls of 32 pages in flight for a second: 15-30 ms a page
+    other = scheduler.submit(
+        Request([5 + (i * 13) % (CONFIG.vocab_size - 5) for i in range(60)], 4)
+    )
+    run(scheduler, other)
+    assert cache.stats.writes_shed == 0 and cache.stats.prefetch_priced_out == 0
+    backend.read_gate.set()
+    run(scheduler, held)
+    assert held.output == expected
+    cache.close()
+    assert cache.stats.pages_stored >= 60 // PAGE, "the other request's pages were written"
 
 
 def test_an_unmeasured_store_is_probed_by_one_fetch_at_a_time(
