@@ -275,7 +275,8 @@ def test_unmeasured_rates_let_a_fetch_start() -> None:
 
 
 class Gated(ForwardingBackend):
-    """Hold ``batch_exists`` or ``batch_get_v1`` calls until their gate opens; count them."""
+    """Hold ``batch_exists``, ``batch_get_v1`` or ``batch_set_v1`` calls until their gate opens;
+    count them."""
 
     def __init__(self, inner: StorageBackend) -> None:
         super().__init__(inner)
@@ -287,9 +288,12 @@ class Gated(ForwardingBackend):
         self.write_gate.set()
         self.reading = threading.Event()
         self.reads = 0
+        self.queries = 0
+        self.writes = 0
         self.query_delay_s = 0.0
 
     def batch_exists(self, keys: Sequence[str]) -> int:
+        self.queries += 1
         time.sleep(self.query_delay_s)
         assert self.query_gate.wait(WAIT_S), "the test never opened the query gate"
         return self.inner.batch_exists(keys)
@@ -305,6 +309,7 @@ class Gated(ForwardingBackend):
     def batch_set_v1(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
+        self.writes += 1
         assert self.write_gate.wait(WAIT_S), "the test never opened the write gate"
         return self.inner.batch_set_v1(keys, host_indices)
 
@@ -600,32 +605,13 @@ def test_pages_after_a_recomputed_stored_prefix_reach_storage_through_staging(
     )
 
 
-class Counting(Gated):
-    """A gated store that counts its existence queries and its writes."""
-
-    def __init__(self, inner: StorageBackend) -> None:
-        super().__init__(inner)
-        self.queries = 0
-        self.writes = 0
-
-    def batch_exists(self, keys: Sequence[str]) -> int:
-        self.queries += 1
-        return super().batch_exists(keys)
-
-    def batch_set_v1(
-        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
-    ) -> list[bool]:
-        self.writes += 1
-        return super().batch_set_v1(keys, host_indices)
-
-
 def test_a_store_far_slower_than_recompute_is_neither_asked_nor_written_until_forgotten(
     model: LlamaModel,
     stored: tuple[StorageBackend, list[int], list[int]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     memory, prompt, expected = stored
-    backend = Counting(memory)
+    backend = Gated(memory)
     cache = adaptive_cache(backend)
     scheduler = Scheduler(model, cache)
     cache.costs.observe_forward(1000, 1.0)  # 4 ms to compute a page
