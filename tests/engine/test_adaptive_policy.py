@@ -608,27 +608,21 @@ def test_pages_after_a_recomputed_stored_prefix_reach_storage_through_staging(
 def test_a_store_far_slower_than_recompute_is_neither_asked_nor_written_until_forgotten(
     model: LlamaModel,
     stored: tuple[StorageBackend, list[int], list[int]],
+    reading_pays: tuple[Gated, TierCache, Scheduler],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    memory, prompt, expected = stored
-    backend = Gated(memory)
-    cache = adaptive_cache(backend)
-    scheduler = Scheduler(model, cache)
-    cache.costs.observe_forward(1000, 1.0)  # 4 ms to compute a page
+    _, prompt, expected = stored
+    backend, cache, scheduler = reading_pays  # 4 ms to compute a page
     cache.costs.observe_read(1, 1.0)  # a second to read one: 250 times slower
     tail = [3 + (i * 7) % (CONFIG.vocab_size - 3) for i in range(40)]
-    try:
-        request = scheduler.submit(Request([*prompt, *tail], 4))
-        run(scheduler, request)
-        assert request.output[:1] and request.storage_found == request.storage_hit == 0
-        assert cache.stats.prefetch_priced_out == 1 == cache.stats.prefetches
-        assert cache.stats.writes_shed >= 1
-        cache.close()  # the storage threads finish what was handed to them
-        assert backend.queries == 0 and backend.reads == 0, "a store that cannot pay is not asked"
-        assert backend.writes == 0 and cache.stats.pages_stored == 0, "nor written to"
-    finally:
-        scheduler.close()
-        cache.close()
+    request = scheduler.submit(Request([*prompt, *tail], 4))
+    run(scheduler, request)
+    assert request.output[:1] and request.storage_found == request.storage_hit == 0
+    assert cache.stats.prefetch_priced_out == 1 == cache.stats.prefetches
+    assert cache.stats.writes_shed >= 1
+    cache.close()  # the storage threads finish what was handed to them
+    assert backend.queries == 0 and backend.reads == 0, "a store that cannot pay is not asked"
+    assert backend.writes == 0 and cache.stats.pages_stored == 0, "nor written to"
     # Once the slow spell is forgotten, the store is asked and read again: it is fast.
     monkeypatch.setattr(costs_module, "READ_TTL_S", 0.05)
     again_cache = adaptive_cache(backend)
