@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-import msgspec
 import numpy as np
 import torch
 from typing_extensions import Buffer
@@ -40,7 +39,6 @@ from hicache_storage.config import Deployment, convert, read_source
 from hicache_storage.errors import (
     BackendTimeoutError,
     BackendUnavailableError,
-    ConfigError,
     HostPoolError,
 )
 from hicache_storage.hostpool import HostKVPool, UnifiedObjectPool
@@ -48,44 +46,11 @@ from hicache_storage.hostpool.shared import region_of
 from hicache_storage.kit import closed_guard
 from hicache_storage.registry import get_spec
 
+from .config import ProcessConfig
 from .launcher import launcher
 from .protocol import PoolDescription, Reply, Request, Start
 
 __all__ = ["ProcessBackend", "ProcessConfig"]
-
-
-class ProcessConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Options of the process backend.
-
-    Attributes
-    ----------
-    backend
-        The registered backend to run in the storage process (not ``process`` itself).
-    options
-        That backend's own options, validated here before the process starts.
-    threads
-        Calls the storage process serves at once (the engine's query, read and write threads).
-    start_timeout_s
-        How long the storage process may take to start and build its backend.
-    call_timeout_s
-        How long one call may go unanswered before it fails as a timeout.
-    """
-
-    backend: str
-    options: dict[str, Any] = msgspec.field(default_factory=dict)
-    threads: int = 8
-    start_timeout_s: float = 120.0
-    call_timeout_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        if self.backend == "process":
-            raise ConfigError("the process backend cannot serve another process backend")
-        if isinstance(self.threads, bool) or self.threads < 1:
-            raise ConfigError(f"threads must be a positive int, got {self.threads!r}")
-        for name in ("start_timeout_s", "call_timeout_s"):
-            value = getattr(self, name)
-            if not 0 < value < float("inf"):
-                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
 
 
 @closed_guard

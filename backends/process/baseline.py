@@ -7,7 +7,7 @@ from typing import Any
 from hicache_storage.config import Deployment, convert, read_source
 from hicache_storage.registry import get_spec
 
-from .backend import ProcessConfig
+from .config import ProcessConfig
 
 __all__ = ["served_baseline"]
 

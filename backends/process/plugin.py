@@ -9,7 +9,7 @@ __all__ = ["SPEC", "hicache_backends"]
 SPEC = BackendSpec(
     name="process",
     factory="hicache_storage.backends.process.backend:ProcessBackend",
-    config="hicache_storage.backends.process.backend:ProcessConfig",
+    config="hicache_storage.backends.process.config:ProcessConfig",
     # An instance claims what the backend it serves claims.
     capabilities=Capabilities(shared_host_pool=True),
     baseline="hicache_storage.backends.process.baseline:served_baseline",
