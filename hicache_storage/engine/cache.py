@@ -249,6 +249,10 @@ class CacheConfig:
         <hicache_storage.engine.storage_io.StorageIO>`): it takes only cores nothing else
         wants, where at ``storage_nice`` it still took a share of one from a CPU forward that
         fills them all. Queries and reads, which requests wait on, stay at ``storage_nice``.
+    close_timeout_s
+        Most seconds :meth:`TierCache.close` waits for queued writes and storage calls in
+        flight. A thread still in a backend call then is abandoned: it applies nothing when
+        the call returns and exits; backups not written by then count as failed.
     """
 
     page_size: int
@@ -273,6 +277,7 @@ class CacheConfig:
     switch_interval_s: float | None = 0.0005
     storage_nice: int | None = 10
     idle_writes: bool = True
+    close_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -297,6 +302,9 @@ class CacheConfig:
         check_nice(self.storage_nice, "storage_nice")
         share("write_backlog", self.write_backlog, ConfigError)
         check_linger(self.write_linger_s)
+        close = self.close_timeout_s
+        if isinstance(close, bool) or not isinstance(close, int | float) or not 0 < close < 1e6:
+            raise ConfigError(f"close_timeout_s must be a number in (0, 1e6), got {close!r}")
         interval = self.switch_interval_s
         if interval is not None and (
             isinstance(interval, bool)
@@ -364,6 +372,9 @@ class CacheStats:
     writes_shed: int = 0
     """Write-throughs (and writes of evicted host pages) not made under ``adaptive`` while the
     store was bypassed (``TierCache._bypassed``)."""
+    calls_abandoned: int = 0
+    """Storage threads still in a backend call when ``close`` stopped waiting for them
+    (``CacheConfig.close_timeout_s``)."""
 
 
 @dataclass
@@ -1232,15 +1243,19 @@ class TierCache:
         """Flush queued backups, stop every thread and apply the outcomes; idempotent.
 
         Backups the queue refused or that failed are counted (``backups_refused``,
-        ``backups_failed``); after close no thread of the cache is left.
+        ``backups_failed``). Close takes at most ``config.close_timeout_s`` (and what applying
+        the outcomes costs): a storage thread still in a backend call then is abandoned
+        (``calls_abandoned``) and exits when its call returns, acting on nothing; the backups
+        not written by then count as failed. No other thread of the cache is left.
         """
         if self._closed:
             return
         self._closed = True
         if self.io is not None:
-            for done in self.io.close():
+            for done in self.io.close(self.config.close_timeout_s):
                 self._complete(done)
             self.stats.backups_refused = self.io.refused_backups
+            self.stats.calls_abandoned = self.io.abandoned_calls
         if self._switch_interval is not None:
             sys.setswitchinterval(self._switch_interval)
         self._reap()

@@ -126,7 +126,11 @@ class Engine:
             validate_request(request, vocab_size=self.model.config.vocab_size)
 
     def close(self) -> None:
-        """Stop the scheduler and the cache's threads (pending backups are written first)."""
+        """Stop the scheduler and the cache's threads (pending backups are written first).
+
+        Bounded by the cache's ``close_timeout_s``: a storage call still running then is given
+        up on, and its thread acts on nothing when the call returns (:meth:`TierCache.close`).
+        """
         if self.scheduler is not None:
             self.scheduler.close()
         if self.cache is not None:

@@ -15,11 +15,17 @@ written again when next backed up or evicted).
 
 Completions come back through :meth:`StorageIO.poll`, for the scheduler to apply to the tree.
 Nothing here raises into the scheduler: a backend error is a failed page, logged once per job.
+
+:meth:`StorageIO.close` is bounded: a thread still in a backend call when its time is up is
+abandoned. Every result a thread applies (to a fetch, the cost model or the completions) is
+applied under one lock with the abandoned flag checked first, so such a thread, once its call
+returns, acts on nothing and exits.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import enum
 import logging
 import os
@@ -27,7 +33,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -420,6 +426,16 @@ class StorageIO:
         self._done_ready = threading.Condition()
         self._bugs: collections.deque[tuple[str, Exception]] = collections.deque()
         self._closed = False
+        self._acting = threading.Lock()
+        """Held while a thread applies a call's result; :meth:`close` takes it to abandon."""
+        self._abandoned = False
+        """Set once :meth:`close` gave up waiting: no thread acts on a result from then on."""
+        self._writing_now: list[Backup] = []
+        """The backups the writer has taken off the queue and not yet reported."""
+        self.abandoned_calls = 0
+        """Backend calls still running when :meth:`close` stopped waiting for them."""
+        self._in_calls = 0
+        self._in_calls_lock = threading.Lock()
         self._hurry = threading.Event()
         self._wake = threading.Event()
         """Ends a lingering writer's wait: set by :meth:`hurry` and :meth:`close`."""
@@ -566,26 +582,82 @@ class StorageIO:
     def close(self, timeout_s: float | None = None) -> list[BackupDone]:
         """Stop the threads, writing every queued backup first; return the unpolled outcomes.
 
-        Queued fetches are cancelled. ``timeout_s`` bounds the wait for each thread; the backend's
-        own deadline bounds each call, so the default waits only as long as the queued writes.
+        Queued fetches are cancelled. ``timeout_s`` bounds the whole close (None waits for the
+        queued writes and every call in flight, however long). When it runs out, the threads
+        still in a backend call are abandoned (counted in :attr:`abandoned_calls`): once their
+        call returns they apply nothing (no fetch, cost or outcome is recorded, no further call
+        is made) and exit. Backups not written by then are returned as not stored, and a fetch
+        whose read was abandoned never finishes, so its host slots, which the backend may still
+        write, are never handed back.
         """
-        if not self._closed:
-            self._closed = True
-            # Queries first: a query answering now may still hand its fetch to the readers.
-            for _ in self._query_threads:
-                self._queries.put(_STOP)
-            for thread in self._query_threads:
-                thread.join(timeout_s)
-            with self._read_ready:
-                self._read_ready.notify_all()
-            for thread in self._read_threads:
-                thread.join(timeout_s)
-            self._wake.set()  # a lingering writer writes now
-            for _ in self._write_threads:  # after every queued backup
-                self._writes.put(_STOP)
-            for thread in self._write_threads:
-                thread.join(timeout_s)
+        if self._closed:
+            return self.poll()
+        self._closed = True
+        deadline = None if timeout_s is None else time.monotonic() + max(timeout_s, 0.0)
+
+        def left() -> float | None:
+            return None if deadline is None else max(deadline - time.monotonic(), 0.0)
+
+        # Queries first: a query answering now may still hand its fetch to the readers.
+        for _ in self._query_threads:
+            self._queries.put(_STOP)
+        for thread in self._query_threads:
+            thread.join(left())
+        with self._read_ready:
+            self._read_ready.notify_all()
+        for thread in self._read_threads:
+            thread.join(left())
+        self._wake.set()  # a lingering writer writes now
+        for _ in self._write_threads:  # after every queued backup
+            with contextlib.suppress(queue.Full):  # a writer stuck in a call: abandoned below
+                self._writes.put(_STOP, timeout=left())
+        for thread in self._write_threads:
+            thread.join(left())
+        if any(thread.is_alive() for thread in self.threads):
+            self._abandon()
         return self.poll()
+
+    def _abandon(self) -> None:
+        """Stop acting on any result from now on; report unwritten backups as not stored."""
+        with self._acting:
+            self._abandoned = True
+            with self._in_calls_lock:
+                self.abandoned_calls = self._in_calls
+            unwritten = list(self._writing_now)
+            self._writing_now.clear()
+            while True:
+                try:
+                    item = self._writes.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(item, Backup):
+                    unwritten.append(item)
+            for _ in self._write_threads:  # the queue was just emptied: room for each
+                self._writes.put_nowait(_STOP)
+            self._done.extend(BackupDone(job, False) for job in unwritten)
+        logger.warning(
+            "storage close gave up on %d backend call(s) still running: their threads exit "
+            "when the calls return, acting on nothing; %d backup(s) not written",
+            self.abandoned_calls,
+            len(unwritten),
+        )
+
+    @contextlib.contextmanager
+    def _calling(self) -> Iterator[None]:
+        """Count a backend call as running while the block runs."""
+        with self._in_calls_lock:
+            self._in_calls += 1
+        try:
+            yield
+        finally:
+            with self._in_calls_lock:
+                self._in_calls -= 1
+
+    @contextlib.contextmanager
+    def _live(self) -> Iterator[bool]:
+        """Hold the result lock; yield whether results may still be applied (not abandoned)."""
+        with self._acting:
+            yield not self._abandoned
 
     # -- the threads ------------------------------------------------------------------------------
 
@@ -599,16 +671,22 @@ class StorageIO:
             item.cancel()
             return
         began = time.monotonic()
+        error: Exception | None = None
         try:
-            hits = self.backend.batch_exists(item.keys) // item.keys_per_page
+            with self._calling():
+                hits = self.backend.batch_exists(item.keys) // item.keys_per_page
         except Exception as exc:  # noqa: BLE001 - a failed query finds nothing (a bug: check())
-            self._failed(f"existence query of {item.pages} pages", exc)
-            hits = 0
+            error, hits = exc, 0
         seconds = time.monotonic() - began
-        if self.costs is not None:
-            self.costs.observe_query(seconds, asked=item.pages, found=min(hits, item.pages))
-        if item._queried(min(hits, item.pages), seconds):
-            self._queue_read(item)
+        with self._live() as live:
+            if not live:
+                return
+            if error is not None:
+                self._failed(f"existence query of {item.pages} pages", error)
+            if self.costs is not None:
+                self.costs.observe_query(seconds, asked=item.pages, found=min(hits, item.pages))
+            if item._queried(min(hits, item.pages), seconds):
+                self._queue_read(item)
 
     def _queue_read(self, fetch: Prefetch) -> None:
         with self._read_ready:
@@ -656,25 +734,33 @@ class StorageIO:
         host = fetch.host_indices
         assert host is not None
         try:
+            error: Exception | None = None
+            got: list[bool] = []
             try:
                 if fetch.ready is not None:  # before the clock: a copy's wait is not the store's
                     fetch.ready()
                 began = time.monotonic()
                 self._check_pool()
-                got = self.backend.batch_get_v1(
-                    fetch.keys[first * kpp : end * kpp],
-                    self._indices(host[first * page : end * page]),
-                )
+                with self._calling():
+                    got = self.backend.batch_get_v1(
+                        fetch.keys[first * kpp : end * kpp],
+                        self._indices(host[first * page : end * page]),
+                    )
             except Exception as exc:  # noqa: BLE001 - a miss of the rest (a bug: check())
-                self._failed(f"read of {end - first} pages", exc)
-                fetch._fail(first)
-                return
-            if self.costs is not None:
-                with self._read_ready:
-                    beside = (calls + self._calls) / 2
-                self.costs.observe_read(end - first, (time.monotonic() - began) / beside)
-            ok_keys = next((i for i, ok in enumerate(got) if not ok), len(got))
-            fetch._read(first, ok_keys // kpp, ok_keys == len(got) == (end - first) * kpp)
+                error = exc
+            with self._live() as live:
+                if not live:  # close gave up on this call: its fetch is no longer the caller's
+                    return
+                if error is not None:
+                    self._failed(f"read of {end - first} pages", error)
+                    fetch._fail(first)
+                    return
+                if self.costs is not None:
+                    with self._read_ready:
+                        beside = (calls + self._calls) / 2
+                    self.costs.observe_read(end - first, (time.monotonic() - began) / beside)
+                ok_keys = next((i for i, ok in enumerate(got) if not ok), len(got))
+                fetch._read(first, ok_keys // kpp, ok_keys == len(got) == (end - first) * kpp)
         finally:
             with self._read_ready:
                 self._calls -= 1
@@ -702,13 +788,14 @@ class StorageIO:
         the GIL) that the model's forward and the prefetch reads need; once :meth:`hurry` was
         called, :data:`HURRY_FACTOR` times as many. Small backups share a call up to that bound
         (a call's fixed work, in the layers and the backend, is paid once for them); a job's
-        pages after one that failed are not written.
+        pages after one that failed are not written, nor anything once :meth:`close` abandoned
+        the writer (the host slots are no longer the caller's to read).
         """
         stored = [job.pages > 0 for job in jobs]
         cursor = [0] * len(jobs)  # pages of each job handed to a call so far
         pending = [i for i, ok in enumerate(stored) if ok]
         self._check_pool()
-        while pending:
+        while pending and not self._abandoned:
             room = self._batch_pages()
             parts: list[tuple[int, int, int]] = []  # (job, first page, end page)
             for i in pending:
@@ -725,7 +812,8 @@ class StorageIO:
                 keys.extend(job.keys[first * job.keys_per_page : end * job.keys_per_page])
                 slots.append(job.slots(first, end))
             try:
-                done = self.backend.batch_set_v1(keys, self._indices(torch.cat(slots)))
+                with self._calling():
+                    done = self.backend.batch_set_v1(keys, self._indices(torch.cat(slots)))
             except Exception as exc:  # noqa: BLE001 - not stored; the writer goes on (a bug: check())
                 self._failed(f"backup of {len(keys)} keys", exc)
                 done = []
@@ -737,7 +825,7 @@ class StorageIO:
                 cursor[i] = end
                 stored[i] = stored[i] and ok
             pending = [i for i in pending if stored[i] and cursor[i] < jobs[i].pages]
-        return stored
+        return [ok and not self._abandoned for ok in stored]
 
     def _write_loop(self) -> None:
         stop = False
@@ -747,17 +835,21 @@ class StorageIO:
                 self._wake.wait(self.write_linger_s)  # more backups may share the call
             jobs = [item]
             pages = item.pages
-            while pages < self._batch_pages():  # small backups share a call
-                try:
-                    more = self._writes.get_nowait()
-                except queue.Empty:
-                    break
-                if more is _STOP:
-                    stop = True
-                    break
-                assert isinstance(more, Backup)
-                jobs.append(more)
-                pages += more.pages
+            with self._live() as live:  # taken while close may still report them unwritten
+                if not live:
+                    return
+                while pages < self._batch_pages():  # small backups share a call
+                    try:
+                        more = self._writes.get_nowait()
+                    except queue.Empty:
+                        break
+                    if more is _STOP:
+                        stop = True
+                        break
+                    assert isinstance(more, Backup)
+                    jobs.append(more)
+                    pages += more.pages
+                self._writing_now[:] = jobs
             try:
                 for job in jobs:
                     if job.ready is not None:
@@ -770,7 +862,10 @@ class StorageIO:
                 self._hurry.clear()
                 if not self._closed:
                     self._wake.clear()
-            with self._done_ready:
+            with self._live() as live, self._done_ready:
+                if not live:  # close reported these backups unwritten and gave up on the writer
+                    return
+                self._writing_now.clear()
                 self._done.extend(
                     BackupDone(job, stored) for job, stored in zip(jobs, outcomes, strict=True)
                 )
