@@ -13,6 +13,7 @@ I/O, model-sized pages, native zero-copy, unified objects, buffer sizes),
 ``bad_input``, ``lifecycle``, ``close_race`` (``close()`` under load), ``concurrency``,
 ``sharing`` (several processes, persistence),
 ``capacity`` (bounds, delete), ``stats``, ``crash``, ``faults`` (injected and server faults),
+``deadline`` (nothing a call does after it returned),
 ``resources`` (descriptors and threads on error paths and racing first calls), ``integrity``
 (corrupted bytes are misses, reused identities), ``formats`` (a reader of another model format
 never hits), ``isolation`` (namespaces, secrets) and ``model``
@@ -62,6 +63,7 @@ from hicache_storage.conformance.checks.faults import (
     TestMediumFaults,
     TestServerFaults,
 )
+from hicache_storage.conformance.checks.deadline import TestNothingAfterReturn
 from hicache_storage.conformance.checks.integrity import TestIntegrity, TestIdentityReuse
 from hicache_storage.conformance.checks.formats import TestObjectFormats
 from hicache_storage.conformance.checks.isolation import TestNamespaces, TestSecrets
@@ -100,6 +102,7 @@ __all__ = [
     "TestFaults",
     "TestMediumFaults",
     "TestServerFaults",
+    "TestNothingAfterReturn",
     "TestIntegrity",
     "TestIdentityReuse",
     "TestObjectFormats",

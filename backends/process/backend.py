@@ -13,20 +13,20 @@ engine a message each way, whatever the pages cost the child.
 Failures keep their types: the child's typed errors are raised here, a lost child is
 :class:`~hicache_storage.errors.BackendUnavailableError` and a call unanswered within
 ``call_timeout_s`` is :class:`~hicache_storage.errors.BackendTimeoutError`, which the degrade
-layer counts as misses. The child exits when this backend closes or its parent dies.
+layer counts as misses. A call that times out kills its storage process before it returns (see
+:mod:`~hicache_storage.backends.process.session`): the child works in the caller's pages, and
+a call must never be served after the caller was answered. A lost storage process (killed so,
+crashed, OOM-killed) is replaced in the background, with backoff, and the host pool registered
+again; until then calls fail at once. The child exits when this backend closes or its parent dies.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import dataclasses
-import itertools
-import os
-import signal
+import logging
 import threading
+import time
 from collections.abc import Sequence
-from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,7 @@ from hicache_storage.config import Deployment, convert, read_source
 from hicache_storage.errors import (
     BackendTimeoutError,
     BackendUnavailableError,
+    HiCacheError,
     HostPoolError,
 )
 from hicache_storage.hostpool import HostKVPool, UnifiedObjectPool
@@ -47,10 +48,12 @@ from hicache_storage.kit import closed_guard
 from hicache_storage.registry import get_spec
 
 from .config import ProcessConfig
-from .launcher import launcher
-from .protocol import PoolDescription, Reply, Request, Start
+from .protocol import PoolDescription, Start
+from .session import StorageProcess
 
 __all__ = ["ProcessBackend", "ProcessConfig"]
+
+logger = logging.getLogger(__name__)
 
 
 @closed_guard
@@ -67,28 +70,17 @@ class ProcessBackend(StorageBackend):
         )
         self._config = config
         self._served = spec.name
-        self._pending: dict[int, concurrent.futures.Future[Reply]] = {}
-        self._ids = itertools.count()
-        self._send_lock = threading.Lock()
+        self._start = Start(spec.name, options, deployment or Deployment(), config.threads)
+        self._lock = threading.Lock()
+        self._pool: PoolDescription | None = None
+        self._restarts = 0
         self._lost: str | None = None
-        ours, self._pid = launcher().launch(config.start_timeout_s)
-        self._conn = Connection(ours.detach())
-        self._conn.send(Start(spec.name, options, deployment or Deployment(), config.threads))
-        started = self._conn.poll(config.start_timeout_s)
-        reply: Reply | None = self._conn.recv() if started else None
-        if reply is None or not reply.ok:
-            self._stop(kill=True)
-            if reply is None:
-                raise BackendUnavailableError(
-                    f"the storage process did not start within {config.start_timeout_s} s"
-                )
-            raise reply.value
-        inner = reply.value
-        self.capabilities = dataclasses.replace(inner, shared_host_pool=True)
-        self._reader = threading.Thread(
-            target=self._read_replies, name="hicache-process-replies", daemon=True
-        )
-        self._reader.start()
+        self._respawning: threading.Thread | None = None
+        self._retry_at = 0.0
+        self._backoff_s = 0.0
+        self._closing = False
+        self._process = StorageProcess(self._start, config.start_timeout_s, self._on_lost)
+        self.capabilities = dataclasses.replace(self._process.capabilities, shared_host_pool=True)
 
     # -- the contract, forwarded ------------------------------------------------------------------
 
@@ -141,6 +133,7 @@ class ProcessBackend(StorageBackend):
         """
         description = _describe(pool)
         super().register_host_pool(pool)
+        self._pool = description  # a new storage process registers it again
         self._call("register_host_pool", description)
 
     def batch_get_v1(
@@ -168,101 +161,97 @@ class ProcessBackend(StorageBackend):
 
     def stats(self) -> dict[str, Any]:
         """Return the served backend's stats, with this process's view under ``process``."""
+        process = self._process
         served: dict[str, Any] = {}
-        if self._lost is None and not self.closed:
+        if process.lost is None and not self.closed:
             try:
-                served = self._call("stats")
+                served = process.call("stats", (), self._config.call_timeout_s)
             except (BackendUnavailableError, BackendTimeoutError):
                 served = {}
         return {
             **served,
             "process": {
                 "backend": self._served,
-                "pid": self._pid,
-                "running": self._lost is None and _alive(self._pid),
+                "pid": process.pid,
+                "running": process.lost is None,
+                "restarts": self._restarts,
                 "lost": self._lost,
             },
         }
 
     def _close(self) -> None:
-        self._stop(kill=False)
+        with self._lock:
+            self._closing = True
+        self._process.close()
 
     def __repr__(self) -> str:
         state = " closed" if self.closed else ""
-        return f"<ProcessBackend serving {self._served!r} in process {self._pid}{state}>"
+        return f"<ProcessBackend serving {self._served!r} in process {self._process.pid}{state}>"
 
-    # -- the wire ---------------------------------------------------------------------------------
+    # -- the wire and the storage process's lifetime ---------------------------------------------
 
     def _call(self, method: str, *args: Any) -> Any:
-        if self._lost is not None:
-            raise BackendUnavailableError(self._lost)
-        future: concurrent.futures.Future[Reply] = concurrent.futures.Future()
-        with self._send_lock:
-            call_id = next(self._ids)
-            self._pending[call_id] = future
-            try:
-                self._conn.send(Request(call_id, method, args))
-            except (OSError, ValueError) as exc:
-                self._pending.pop(call_id, None)
-                raise BackendUnavailableError(f"the storage process is gone: {exc}") from exc
+        process = self._process
+        if process.lost is not None:
+            self._respawn_soon()
+            raise BackendUnavailableError(f"{process.lost}; a new storage process is starting")
+        return process.call(method, args, self._config.call_timeout_s)
+
+    def _on_lost(self, reason: str) -> None:
+        """Log the dead storage process and start a new one (unless closing)."""
+        self._lost = reason
+        if not self._closing:
+            logger.warning("%s (serving %s); starting a new one", reason, self._served)
+            self._respawn_soon()
+
+    def _respawn_soon(self) -> None:
+        """Start a new storage process in the background, at most one at a time, with backoff."""
+        with self._lock:
+            busy = self._respawning is not None and self._respawning.is_alive()
+            if self._closing or busy or time.monotonic() < self._retry_at:
+                return
+            self._respawning = threading.Thread(
+                target=self._respawn, name="hicache-process-respawn", daemon=True
+            )
+            self._respawning.start()
+
+    def _respawn(self) -> None:
+        process: StorageProcess | None = None
         try:
-            reply = future.result(self._config.call_timeout_s)
-        except concurrent.futures.TimeoutError:
-            self._pending.pop(call_id, None)
-            raise BackendTimeoutError(
-                f"the storage process did not answer {method} within "
-                f"{self._config.call_timeout_s} s"
-            ) from None
-        if not reply.ok:
-            raise reply.value
-        return reply.value
-
-    def _read_replies(self) -> None:
-        """Hand each reply to its waiting call; fail every waiting call once the child is lost."""
-        while True:
-            try:
-                reply: Reply = self._conn.recv()
-            except (EOFError, OSError):
-                break
-            future = self._pending.pop(reply.call_id, None)
-            if future is not None:
-                future.set_result(reply)
-        self._lost = f"the storage process {self._pid} exited"
-        for call_id in list(self._pending):
-            future = self._pending.pop(call_id, None)
-            if future is not None:
-                future.set_exception(BackendUnavailableError(self._lost))
-
-    def _stop(self, *, kill: bool) -> None:
-        """Ask the storage process to exit (kill it if it will not) and close the socket."""
-        if not kill:
-            try:
-                with self._send_lock:
-                    self._conn.send(None)
-            except (OSError, ValueError):
-                kill = True
-        reader = getattr(self, "_reader", None)
-        if not kill and reader is not None:
-            reader.join(_EXIT_S)  # the reader sees the socket close when the process exits
-            kill = reader.is_alive()
-        if kill and _alive(self._pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self._pid, signal.SIGKILL)
-        self._conn.close()
+            process = StorageProcess(self._start, self._config.start_timeout_s, self._on_lost)
+            if self._pool is not None:
+                process.call("register_host_pool", (self._pool,), self._config.call_timeout_s)
+        except HiCacheError as exc:
+            if process is not None:
+                process.close()
+            with self._lock:
+                self._backoff_s = min(max(2 * self._backoff_s, _RETRY_FIRST_S), _RETRY_MAX_S)
+                self._retry_at = time.monotonic() + self._backoff_s
+            logger.warning(
+                "a new storage process for %s failed to start (%s); next try in %.0f s",
+                self._served,
+                exc,
+                self._backoff_s,
+            )
+            return
+        with self._lock:
+            closing = self._closing
+            if not closing:
+                self._process = process
+                self._restarts += 1
+                self._backoff_s = 0.0
+        if closing:
+            process.close()
+        else:
+            logger.warning("storage process %d now serves %s", process.pid, self._served)
 
 
-_EXIT_S = 10.0
-"""How long ``close`` waits for the storage process to finish its calls and exit."""
+_RETRY_FIRST_S = 1.0
+"""Wait before starting a storage process again after a start failed (the first loss restarts at
+once: a crash is usually one call's)."""
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+_RETRY_MAX_S = 60.0
+"""Longest wait between starts, so a storage process that cannot start costs one fork a minute."""
 
 
 def _indices(host_indices: torch.Tensor | Sequence[int]) -> np.ndarray[Any, np.dtype[np.int64]]:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from hicache_storage import BackendSpec, Capabilities, hookimpl
 
-__all__ = ["SPEC", "hicache_backends"]
+if TYPE_CHECKING:
+    from .control import StorageProcessControl
+
+__all__ = ["SPEC", "hicache_backends", "hicache_conformance_server"]
 
 SPEC = BackendSpec(
     name="process",
@@ -21,3 +26,15 @@ SPEC = BackendSpec(
 def hicache_backends() -> list[BackendSpec]:
     """Provide the process backend."""
     return [SPEC]
+
+
+@hookimpl
+def hicache_conformance_server(name: str, options: dict[str, Any]) -> StorageProcessControl | None:
+    """Hand the suite the control of this interpreter's storage processes."""
+    if name != "process":
+        return None
+    from .config import ProcessConfig
+    from .control import StorageProcessControl
+
+    default = ProcessConfig(backend="memory").call_timeout_s
+    return StorageProcessControl(float(options.get("call_timeout_s", default)))

@@ -18,6 +18,7 @@ from hicache_storage import BackendSpec, hookimpl, register_plugin, unregister_p
 from hicache_storage.registry import PLUGINS_ENV
 
 from . import REFERENCE, all_bugs
+from .deadline_bugs import DEADLINE_S, SERVING
 from .dict_bugs import HangsWhenDown
 
 
@@ -41,10 +42,31 @@ class HangServer:
         HangsWhenDown.server_up.set()
 
 
+class PausableServer:
+    """Pauses, resumes, stops and starts the deadline bugs' (in-process) server."""
+
+    timeout_s = DEADLINE_S
+
+    def stop(self) -> None:
+        """Take the server down: every call waits out its deadline."""
+        SERVING.clear()
+
+    def start(self) -> None:
+        """Bring the server back."""
+        SERVING.set()
+
+    pause = stop
+    resume = start
+
+
 @hookimpl
-def hicache_conformance_server(name: str, options: dict[str, Any]) -> HangServer | None:
-    """Hand the suite broken-hang's server control."""
-    return HangServer() if name == "broken-hang" else None
+def hicache_conformance_server(
+    name: str, options: dict[str, Any]
+) -> HangServer | PausableServer | None:
+    """Hand the suite the server control of broken-hang or of a deadline bug."""
+    if name == "broken-hang":
+        return HangServer()
+    return PausableServer() if name.startswith("broken-late-") else None
 
 
 @pytest.hookimpl(tryfirst=True)
