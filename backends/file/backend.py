@@ -17,7 +17,18 @@ Writes
 Reads
     ``open`` + ``fstat`` + ``preadv`` straight into the caller's buffer (or the host pool's page
     buffers for the v1 calls): the size is checked before any byte is read. The v1 calls move
-    ``io_threads`` pages at once (:class:`~hicache_storage.kit.IOWorkers`).
+    ``io_threads`` pages at once (:class:`~hicache_storage.kit.IOWorkers`). In a batch, a file
+    that cannot be read costs its own key only: the others are hits or misses as they are, and
+    the failure is raised only when no key of the batch was read (counted in
+    ``stats()["read_errors"]`` otherwise).
+
+Entries that are not files
+    Only a regular file is a value. A FIFO, a directory, a socket or a device at a key's path
+    (or a symlink to one) is a miss that is never waited on (``open`` with ``O_NONBLOCK``, then
+    ``fstat``), ``exists`` says False, and a write of the key moves it aside and publishes the
+    value in its place (:func:`~hicache_storage.kit.clear_entry`). A fan-out directory
+    the backend cannot list (another tenant's ``umask 077``) is left out of the startup scan
+    with a warning; every other directory is served.
 
 Integrity (``integrity=True``, the default)
     Each file is the value followed by a 32-byte :mod:`~hicache_storage.kit.integrity` record
@@ -50,7 +61,7 @@ import stat
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +71,7 @@ from hicache_storage.backend import HostPool, StorageBackend
 from hicache_storage.buffers import as_readable, as_writable
 from hicache_storage.config import Deployment
 from hicache_storage.errors import (
+    BackendError,
     BatchMismatchError,
     BufferSizeError,
     HiCacheError,
@@ -69,7 +81,9 @@ from hicache_storage.hostpool import HostKVPool
 from hicache_storage.keys.format import ObjectFormat
 from hicache_storage.keys.validation import validate_key
 from hicache_storage.kit import (
+    NOT_REGULAR,
     PUBLISHED,
+    READ_FLAGS,
     UNLINKED,
     AtomicFiles,
     ErrorMap,
@@ -83,6 +97,7 @@ from hicache_storage.kit import (
     fsync_dir,
     is_temp,
     nbytes,
+    open_regular,
     read_checked,
     read_files,
     read_into,
@@ -105,7 +120,6 @@ logger = logging.getLogger(__name__)
 BASELINE_DIR = ".raw-baseline"
 """Directory under ``root`` reserved for :class:`~.baseline.RawDiskBaseline`; never scanned."""
 
-_READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _MISSING = (FileNotFoundError, NotADirectoryError)
 _MISSING_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR})
 _META_LIMIT = 1 << 18
@@ -212,6 +226,8 @@ class FileBackend(StorageBackend):
         self._capacity = LRUCapacity(config.max_bytes, config.low_watermark, self._evict_file)
         self._record = RECORD_BYTES if config.use_integrity else 0
         self._failures: Counter[str] = Counter()
+        self._read_errors = 0
+        self._unlisted: set[str] = set()
         try:
             os.makedirs(self.root, exist_ok=True)
         except OSError as exc:
@@ -313,11 +329,14 @@ class FileBackend(StorageBackend):
     def batch_get(self, keys: Sequence[str], outs: Sequence[Buffer]) -> list[bool]:
         """Read each key into its output buffer, ``io_threads`` at once; per-key hits.
 
-        An object whose size differs from its output buffer is a miss (the buffer untouched).
+        An object whose size differs from its output buffer is a miss (the buffer untouched);
+        a file that cannot be read is a miss of its own key (see :meth:`_per_key`).
         """
         if len(keys) != len(outs):
             raise BatchMismatchError(f"got {len(keys)} keys but {len(outs)} output buffers")
-        return self._io.map(self._get_into, list(zip(keys, outs, strict=True)))
+        results = self._io.map(self._get_into, list(zip(keys, outs, strict=True)))
+        failures = {i: r for i, r in enumerate(results) if isinstance(r, BackendError)}
+        return self._per_key("batch_get", [r is True for r in results], failures)
 
     def batch_set(self, keys: Sequence[str], values: Sequence[Buffer]) -> list[bool]:
         """Store each value under its key, ``io_threads`` at once (the first value wins)."""
@@ -325,12 +344,45 @@ class FileBackend(StorageBackend):
             raise BatchMismatchError(f"got {len(keys)} keys but {len(values)} values")
         return self._io.map(self._set_one, list(zip(keys, values, strict=True)))
 
-    def _get_into(self, item: tuple[str, Buffer]) -> bool:
+    def _get_into(self, item: tuple[str, Buffer]) -> bool | BackendError:
         key, out = item
         try:
             return self.get(key, out) is not None
         except BufferSizeError:
             return False
+        except BackendError as exc:  # this key's alone: the batch decides (_per_key)
+            return exc
+
+    def _per_key(
+        self, op: str, hits: list[bool], failures: Mapping[int, HiCacheError]
+    ) -> list[bool]:
+        """Return a batch read's hits, the keys that failed among its misses.
+
+        One file that cannot be read (a permission, a bad sector) costs its own key, not the
+        keys read beside it. Only when no key of the batch was read is the first failure
+        raised, so that the layers count a failing medium as they count any outage; otherwise
+        the failed keys are counted in ``stats()["read_errors"]`` and logged.
+
+        Raises
+        ------
+        HiCacheError
+            The first failure, if the batch has failures and no hit.
+        """
+        if not failures:
+            return hits
+        if not any(hits):
+            raise failures[min(failures)]
+        with self._meta_lock:
+            self._read_errors += len(failures)
+        logger.warning(
+            "file backend: %s read %d of %d keys; %d could not be read and are misses: %s",
+            op,
+            sum(hits),
+            len(hits),
+            len(failures),
+            failures[min(failures)],
+        )
+        return hits
 
     def _set_one(self, item: tuple[str, Buffer]) -> bool:
         key, value = item
@@ -362,8 +414,10 @@ class FileBackend(StorageBackend):
 
         The whole batch moves in one :func:`~hicache_storage.kit.read_files` call (up to
         ``io_threads`` files at once, the GIL given up once for all of them). An object whose
-        size differs from a page is a miss and its page is left untouched; if a page's file
-        fails, the other pages are still read and the first failure is raised.
+        size differs from a page, or an entry that is not a regular file, is a miss and its
+        page is left untouched; a page whose file fails is a miss of its own, the other pages
+        hits with their bytes (the failure raised only if no page was read, see
+        :meth:`_per_key`).
         """
         pages = [[flat(view) for view in views] for views in self.page_views(keys, host_indices)]
         hits = [False] * len(keys)
@@ -389,11 +443,11 @@ class FileBackend(StorageBackend):
             buffers,
             [nbytes(pages[i]) for i in todo],
             self._io,
-            flags=_READ_FLAGS,
+            flags=READ_FLAGS,
         )
         for i, path, rec, result in zip(todo, paths, records, results, strict=True):
             key, size = keys[i], nbytes(pages[i])
-            if result.error in _MISSING_ERRNOS:
+            if result.error in _MISSING_ERRNOS or result.size == NOT_REGULAR:
                 self._forget_meta(key)
             elif result.error:
                 failures[i] = _io_error(f"read {key!r}", _oserror(result.error))
@@ -405,9 +459,7 @@ class FileBackend(StorageBackend):
                     hits[i] = True
                 else:
                     self._drop(key, path, None)
-        if failures:
-            raise failures[min(failures)]
-        return hits
+        return self._per_key("batch_get_v1", hits, failures)
 
     def batch_set_v1(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
@@ -537,7 +589,7 @@ class FileBackend(StorageBackend):
         try:
             self.medium_faults.check("delete")
             os.unlink(path)
-        except _MISSING:
+        except (*_MISSING, IsADirectoryError):  # a directory is no value: nothing to delete
             existed = False
         except OSError as exc:
             raise _io_error(f"delete {key!r}", exc) from exc
@@ -554,12 +606,19 @@ class FileBackend(StorageBackend):
         objects are left alone. With ``naming="sglang_file_compat"`` and ``ownership="all"``,
         this backend's own temporary files older than ``stale_temp_s`` are removed too (never
         SGLang's).
+
+        Raises
+        ------
+        BackendIOError
+            If a fan-out directory could not be listed: what it holds may still be there (every
+            other directory is cleared first).
         """
         indexed = self._capacity.keys()
         removed: set[str] = set()
         sweep_temps = self._compat and self.config.ownership == "all"
         now = time.time()
-        for directory, entry in self._entries():
+        unlisted: list[tuple[str, OSError]] = []
+        for directory, entry in self._entries(unlisted):
             name = entry.name
             if sweep_temps and self._is_temp(name):
                 self._discard_stale_temp(entry, now)
@@ -579,6 +638,9 @@ class FileBackend(StorageBackend):
         self._capacity.forget_many(gone)
         with self._meta_lock:
             self._meta.clear()
+        if unlisted:
+            directory, exc = unlisted[0]
+            raise _io_error(f"clear {directory!r}", exc) from exc
 
     def stats(self) -> dict[str, Any]:
         """Return the base stats plus the index: objects, bytes, evictions, evicted_bytes."""
@@ -598,6 +660,8 @@ class FileBackend(StorageBackend):
         )
         with self._meta_lock:
             stats["integrity_failures"] = dict(self._failures)
+            stats["read_errors"] = self._read_errors
+            stats["unlisted_dirs"] = sorted(self._unlisted)
         return stats
 
     def _close(self) -> None:
@@ -629,14 +693,17 @@ class FileBackend(StorageBackend):
     # -- reading --------------------------------------------------------------------------------
 
     def _open(self, path: str, key: str) -> int | None:
+        """Open ``key``'s file; None if there is none, or the entry is not a regular file."""
         try:
             self.medium_faults.check("read")
-            return os.open(path, _READ_FLAGS)
+            fd = open_regular(path, READ_FLAGS)
         except _MISSING:
-            self._forget_meta(key)
-            return None
+            fd = None
         except OSError as exc:
             raise _io_error(f"open {key!r}", exc) from exc
+        if fd is None:
+            self._forget_meta(key)
+        return fd
 
     def _read_verified(self, fd: int, key: str, views: list[memoryview], stored: int) -> bool:
         """Read the value into ``views`` (and the record beside it); return whether it is whole.
@@ -678,6 +745,7 @@ class FileBackend(StorageBackend):
         self._remember(key, size)
 
     def _stat(self, key: str) -> bool:
+        """Return whether ``key``'s path is a regular file (anything else holds no value)."""
         try:
             self.medium_faults.check("stat")
             info = os.stat(self._path(key))
@@ -685,6 +753,9 @@ class FileBackend(StorageBackend):
             return False
         except OSError as exc:
             raise _io_error(f"stat {key!r}", exc) from exc
+        if not stat.S_ISREG(info.st_mode):
+            self._forget_meta(key)
+            return False
         self._remember(key, info.st_size - self._record)
         return True
 
@@ -768,16 +839,20 @@ class FileBackend(StorageBackend):
 
     # -- the startup scan -----------------------------------------------------------------------
 
-    def _object_dirs(self) -> Iterator[str]:
-        """Yield the directories that may hold objects under the configured layout."""
+    def _object_dirs(self, unlisted: list[tuple[str, OSError]]) -> Iterator[str]:
+        """Yield the directories that may hold objects under the configured layout.
+
+        A fan-out directory that cannot be listed goes to ``unlisted``, and the rest are still
+        yielded.
+        """
         if not self._paths.fanout:
             yield self.root
             return
-        for first in self._subdirs(self.root):
-            yield from self._subdirs(first)
+        for first in self._subdirs(self.root, unlisted):
+            yield from self._subdirs(first, unlisted)
 
-    @staticmethod
-    def _subdirs(directory: str) -> list[str]:
+    def _subdirs(self, directory: str, unlisted: list[tuple[str, OSError]]) -> list[str]:
+        """Return the fan-out directories in ``directory`` (the root's listing must succeed)."""
         try:
             with os.scandir(directory) as entries:
                 return sorted(
@@ -787,16 +862,38 @@ class FileBackend(StorageBackend):
                 )
         except _MISSING:
             return []
+        except OSError as exc:
+            if directory == self.root:
+                raise
+            unlisted.append((directory, exc))
+            return []
 
-    def _entries(self) -> Iterator[tuple[str, os.DirEntry[str]]]:
-        """Yield ``(directory, entry)`` for every regular file in the object directories."""
+    def _entries(
+        self, unlisted: list[tuple[str, OSError]]
+    ) -> Iterator[tuple[str, os.DirEntry[str]]]:
+        """Yield ``(directory, entry)`` for every regular file in the object directories.
+
+        A fan-out directory that cannot be listed (another tenant's ``umask 077``, a bad
+        sector) costs the objects in it, not the store: it goes to ``unlisted`` and the walk
+        goes on. The root itself must list.
+
+        Raises
+        ------
+        BackendIOError
+            If the root cannot be listed.
+        """
         try:
             self.medium_faults.check("list")
-            for directory in self._object_dirs():
+            for directory in self._object_dirs(unlisted):
                 try:
                     with os.scandir(directory) as entries:
                         files = [e for e in entries if e.is_file(follow_symlinks=False)]
                 except _MISSING:
+                    continue
+                except OSError as exc:
+                    if directory == self.root:
+                        raise
+                    unlisted.append((directory, exc))
                     continue
                 for entry in files:
                     yield directory, entry
@@ -808,7 +905,8 @@ class FileBackend(StorageBackend):
         now = time.time()
         found: list[tuple[int, str, int]] = []
         stale = 0
-        for directory, entry in self._entries():
+        unlisted: list[tuple[str, OSError]] = []
+        for directory, entry in self._entries(unlisted):
             name = entry.name
             if self._is_temp(name):
                 stale += self._discard_stale_temp(entry, now)
@@ -822,9 +920,22 @@ class FileBackend(StorageBackend):
                 info = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue
+            except OSError as exc:  # listed but not searchable: as if it could not be listed
+                unlisted.append((directory, exc))
+                continue
             if not stat.S_ISREG(info.st_mode):
                 continue
             found.append((info.st_mtime_ns, key, max(info.st_size - self._record, 0)))
+        for directory, exc in dict(unlisted).items():  # once a directory
+            logger.warning(
+                "file backend at %s: cannot list %s (%s); its objects are not indexed, every "
+                "other directory is served",
+                self.root,
+                directory,
+                exc,
+            )
+        with self._meta_lock:
+            self._unlisted.update(directory for directory, _ in unlisted)
         found.sort()
         for _, name, size in found:
             self._capacity.add(name, size)
@@ -844,7 +955,7 @@ class FileBackend(StorageBackend):
         """Remove our temporary file ``entry`` if older than ``stale_temp_s``; return 1 if so."""
         try:
             mtime = entry.stat(follow_symlinks=False).st_mtime
-        except FileNotFoundError:
+        except OSError:  # gone, or not ours to look at: left alone
             return 0
         if now - mtime <= self.config.stale_temp_s:
             return 0

@@ -137,11 +137,26 @@ checked_crc32c(PyObject *module, PyObject *args)
     return PyLong_FromUnsignedLong(~reg);
 }
 
+/* A tuple of the items of `seq` (a new reference), or NULL with TypeError(`message`) set.
+ *
+ * Every sequence an argument brings is copied this way, not walked in place: a list can change
+ * while the call runs (another thread, or Python code a buffer export or __index__ runs), and
+ * the copy keeps each item alive, and the count true, until the call returns. */
+static PyObject *
+snapshot(PyObject *seq, const char *message)
+{
+    PyObject *items = PySequence_Tuple(seq);
+    if (items == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_SetString(PyExc_TypeError, message);
+    }
+    return items;
+}
+
 /* Hold the contiguous buffers of a sequence (writable ones with `flags`); release_all frees. */
 static int
 hold_all(PyObject *seq, int flags, Py_buffer **held, Py_ssize_t *count)
 {
-    PyObject *fast = PySequence_Fast(seq, "buffers must be a sequence");
+    PyObject *fast = snapshot(seq, "buffers must be a sequence");
     if (fast == NULL) {
         return -1;
     }
@@ -395,10 +410,11 @@ checked_write(PyObject *module, PyObject *args)
 /* -- batches: one file per page, on threads of their own ------------------------------------ */
 
 #define RECORD 32 /* the integrity record: magic | length u64 | crc32c u32 | digest u64 | gen u64 */
-#define OUTCOME_KEPT 2 /* written, but link() cannot publish here: the temp file is left */
+#define OUTCOME_KEPT 2 /* written, not published by link(): the temp file is left to the caller */
+#define NOT_REGULAR -1 /* a read's size when its path names no regular file */
 
 typedef struct {
-    const char *path;
+    const char *path;  /* into a bytes object of the call's snapshot of the caller's paths */
     const char *temp;  /* writes: the temporary file published as path */
     Cursor at;
     size_t checked;    /* reads: bytes the CRC32C covers */
@@ -443,30 +459,66 @@ typedef struct {
     int mode;
 } Batch;
 
+/* Whether an open() that failed with `error` met something that is not a regular file: a
+ * socket or a device with no driver (ENXIO, ENODEV), or a directory opened for writing. */
+static int
+not_a_file(int error)
+{
+    return error == ENXIO || error == ENODEV || error == EISDIR;
+}
+
+/* Open `path` for reading without waiting on it: O_NONBLOCK keeps a FIFO with no writer (or a
+ * device) from blocking open() beyond any deadline, and only a regular file is kept (blocking
+ * again, its fstat in *info); -1 with *error an errno, or 0 when it names anything else. */
+static int
+open_regular(const char *path, int flags, struct stat *info, int *error)
+{
+    int fd = open(path, flags | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
+        *error = not_a_file(errno) ? 0 : errno;
+        return -1;
+    }
+    if (fstat(fd, info) < 0) {
+        *error = errno;
+        close(fd);
+        return -1;
+    }
+    if (!S_ISREG(info->st_mode)) {
+        *error = 0;
+        close(fd);
+        return -1;
+    }
+    if (!(flags & O_NONBLOCK)) {
+        int status = fcntl(fd, F_GETFL);
+        if (status < 0 || fcntl(fd, F_SETFL, status & ~O_NONBLOCK) < 0) {
+            *error = errno;
+            close(fd);
+            return -1;
+        }
+    }
+    return fd;
+}
+
 static void
 read_job(const Batch *batch, Job *job)
 {
-    int fd = open(job->path, batch->flags);
+    int error = 0;
+    struct stat info;
+    int fd = open_regular(job->path, batch->flags, &info, &error);
     if (fd < 0) {
-        job->error = errno;
+        job->error = error;
+        job->stored = error ? 0 : NOT_REGULAR; /* not a regular file: a miss, never read */
         return;
     }
-    struct stat info;
-    if (fstat(fd, &info) < 0) {
-        job->error = errno;
+    size_t want = 0;
+    for (Py_ssize_t i = 0; i < job->at.count; i++) {
+        want += (size_t)job->at.views[i].len;
     }
-    else {
-        size_t want = 0;
-        for (Py_ssize_t i = 0; i < job->at.count; i++) {
-            want += (size_t)job->at.views[i].len;
-        }
-        job->stored = (long long)info.st_size;
-        if ((size_t)info.st_size == want) { /* another size is a miss: leave the page alone */
-            uint32_t reg = ~(uint32_t)0;
-            job->error = read_loop(fd, &job->at, 0, batch->chunk, job->checked, &job->moved,
-                                   &reg);
-            job->crc = ~reg;
-        }
+    job->stored = (long long)info.st_size;
+    if ((size_t)info.st_size == want) { /* another size is a miss: leave the page alone */
+        uint32_t reg = ~(uint32_t)0;
+        job->error = read_loop(fd, &job->at, 0, batch->chunk, job->checked, &job->moved, &reg);
+        job->crc = ~reg;
     }
     close(fd);
 }
@@ -535,6 +587,12 @@ write_job(const Batch *batch, Job *job)
             job->outcome = 1;
         }
         else if (errno == EEXIST) {
+            struct stat info;
+            if (stat(job->path, &info) < 0 || !S_ISREG(info.st_mode)) {
+                /* Not a value (a FIFO, a directory, a dangling link): the caller replaces it. */
+                job->outcome = OUTCOME_KEPT;
+                return;
+            }
             job->outcome = 0;
         }
         else if (no_link(errno)) {
@@ -709,6 +767,23 @@ free_jobs(Job *jobs, Py_ssize_t count)
     PyMem_Free(jobs);
 }
 
+/* The string of `item` if it is a path the OS can take as it is: bytes without a NUL, which
+ * open() would take for the end of the path and so name another file. Else NULL with
+ * TypeError or ValueError set. */
+static const char *
+path_of(PyObject *item, const char *what)
+{
+    if (!PyBytes_Check(item)) {
+        PyErr_Format(PyExc_TypeError, "%s must be bytes", what);
+        return NULL;
+    }
+    if (strlen(PyBytes_AS_STRING(item)) != (size_t)PyBytes_GET_SIZE(item)) {
+        PyErr_Format(PyExc_ValueError, "%s must not contain a NUL byte", what);
+        return NULL;
+    }
+    return PyBytes_AS_STRING(item);
+}
+
 /* Fill jobs[i].path (and .temp) and hold each page's buffers; -1 with an exception set. */
 static int
 prepare(PyObject *paths, PyObject *temps, PyObject *pages, int flags, Job **out,
@@ -726,25 +801,23 @@ prepare(PyObject *paths, PyObject *temps, PyObject *pages, int flags, Job **out,
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *path = PySequence_Fast_GET_ITEM(paths, i);
-        if (!PyBytes_Check(path)) {
-            PyErr_SetString(PyExc_TypeError, "paths must be bytes");
-            free_jobs(jobs, i);
+        /* paths and temps are the call's tuples: they hold every string until it returns,
+         * whatever the caller's lists become while the threads run without the GIL. */
+        jobs[i].path = path_of(PySequence_Fast_GET_ITEM(paths, i), "paths");
+        if (jobs[i].path == NULL) {
+            free_jobs(jobs, i + 1);
             return -1;
         }
-        jobs[i].path = PyBytes_AS_STRING(path);
         if (temps != NULL) {
-            PyObject *temp = PySequence_Fast_GET_ITEM(temps, i);
-            if (!PyBytes_Check(temp)) {
-                PyErr_SetString(PyExc_TypeError, "temporary paths must be bytes");
-                free_jobs(jobs, i);
+            jobs[i].temp = path_of(PySequence_Fast_GET_ITEM(temps, i), "temporary paths");
+            if (jobs[i].temp == NULL) {
+                free_jobs(jobs, i + 1);
                 return -1;
             }
-            jobs[i].temp = PyBytes_AS_STRING(temp);
         }
         if (hold_all(PySequence_Fast_GET_ITEM(pages, i), flags, &jobs[i].at.views,
                      &jobs[i].at.count) < 0) {
-            free_jobs(jobs, i);
+            free_jobs(jobs, i + 1);
             return -1;
         }
     }
@@ -766,9 +839,9 @@ files_read(PyObject *module, PyObject *args)
     if (check_batch(chunk, threads) < 0) {
         return NULL;
     }
-    PyObject *paths = PySequence_Fast(paths_arg, "paths must be a sequence");
-    PyObject *pages = paths ? PySequence_Fast(pages_arg, "pages must be a sequence") : NULL;
-    PyObject *checked = pages ? PySequence_Fast(checked_arg, "checked must be a sequence") : NULL;
+    PyObject *paths = snapshot(paths_arg, "paths must be a sequence");
+    PyObject *pages = paths ? snapshot(pages_arg, "pages must be a sequence") : NULL;
+    PyObject *checked = pages ? snapshot(checked_arg, "checked must be a sequence") : NULL;
     PyObject *result = NULL;
     Job *jobs = NULL;
     Py_ssize_t n = 0;
@@ -809,9 +882,9 @@ files_write(PyObject *module, PyObject *args)
     if (check_batch(chunk, threads) < 0) {
         return NULL;
     }
-    PyObject *paths = PySequence_Fast(paths_arg, "paths must be a sequence");
-    PyObject *temps = paths ? PySequence_Fast(temps_arg, "temps must be a sequence") : NULL;
-    PyObject *pages = temps ? PySequence_Fast(pages_arg, "pages must be a sequence") : NULL;
+    PyObject *paths = snapshot(paths_arg, "paths must be a sequence");
+    PyObject *temps = paths ? snapshot(temps_arg, "temps must be a sequence") : NULL;
+    PyObject *pages = temps ? snapshot(pages_arg, "pages must be a sequence") : NULL;
     PyObject *digests = NULL;
     PyObject *result = NULL;
     Job *jobs = NULL;
@@ -820,7 +893,7 @@ files_write(PyObject *module, PyObject *args)
         goto done;
     }
     if (digests_arg != Py_None) {
-        digests = PySequence_Fast(digests_arg, "digests must be a sequence or None");
+        digests = snapshot(digests_arg, "digests must be a sequence or None");
         if (digests == NULL) {
             goto done;
         }
@@ -870,7 +943,7 @@ free_runs(Run *runs, Py_ssize_t count)
 static int
 prepare_run(PyObject *spec, int flags, Run *run)
 {
-    PyObject *ranges = PySequence_Fast(spec, "a run is a sequence of (fd, offset, buffers)");
+    PyObject *ranges = snapshot(spec, "a run is a sequence of (fd, offset, buffers)");
     if (ranges == NULL) {
         return -1;
     }
@@ -912,7 +985,7 @@ move_runs(PyObject *runs_arg, PyObject *checked_arg, Py_ssize_t chunk, int threa
     if (check_batch(chunk, threads) < 0) {
         return NULL;
     }
-    PyObject *specs = PySequence_Fast(runs_arg, "runs must be a sequence");
+    PyObject *specs = snapshot(runs_arg, "runs must be a sequence");
     PyObject *checked = NULL;
     PyObject *result = NULL;
     Run *runs = NULL;
@@ -921,7 +994,7 @@ move_runs(PyObject *runs_arg, PyObject *checked_arg, Py_ssize_t chunk, int threa
         goto done;
     }
     if (checked_arg != NULL) {
-        checked = PySequence_Fast(checked_arg, "checked must be a sequence");
+        checked = snapshot(checked_arg, "checked must be a sequence");
         if (checked == NULL) {
             goto done;
         }
@@ -997,14 +1070,17 @@ static PyMethodDef methods[] = {
      "For each page: open its path (bytes) with flags, and when the file's size is the page's\n"
      "(the sum of its buffers) fill the buffers from it, checksumming the first checked[i]\n"
      "bytes; up to `threads` pages at once, the GIL released for the whole batch. A page\n"
-     "whose file failed has its errno; one of another size has read 0 and is left untouched."},
+     "whose file failed has its errno; one of another size has read 0 and is left untouched;\n"
+     "a path that names no regular file (a FIFO, a directory, a socket, a device) has size -1\n"
+     "and is never read, nor waited on. A path holding a NUL byte raises ValueError."},
     {"write_files", files_write, METH_VARARGS,
      "write_files(paths, temps, pages, digests, fsync, chunk, threads) -> [(errno, outcome)]\n\n"
      "For each page: write its buffers to a new file at temps[i] (and, with digests, the\n"
      "32-byte integrity record of key digest digests[i]), fsync it if asked, link it to\n"
      "paths[i] and remove the temporary file. outcome is 1 if this call published the page,\n"
-     "0 if paths[i] existed, 2 if the filesystem cannot hard-link (the temporary file is left\n"
-     "for the caller to publish). Up to `threads` pages at once, the GIL released throughout."},
+     "0 if paths[i] held a value, 2 if the filesystem cannot hard-link or paths[i] names no\n"
+     "regular file (the temporary file is left for the caller to publish). Up to `threads`\n"
+     "pages at once, the GIL released throughout. A path holding a NUL raises ValueError."},
     {"read_runs", runs_read, METH_VARARGS,
      "read_runs(runs, checked, chunk, threads) -> [(errno, read, crc32c)]\n\n"
      "Each run is a sequence of (fd, offset, buffers): one value read from ranges of open\n"

@@ -10,21 +10,40 @@ and publishes it with ``link(temp, key)``, which fails if the key exists: the fi
 value wins and a reader never sees a partial object. A writer killed half way leaves only a
 temporary file (:func:`is_temp` tells a cleanup scan which). Filesystems without hard links
 publish with ``rename`` when the key is absent.
+
+Only a regular file is a value (:func:`~hicache_storage.kit.pageio.holds_value`). Any other
+entry at a key's path (a FIFO, a directory, a socket, a device, a symlink to one of those or to
+nothing) would otherwise make ``link`` fail forever and the key look stored though nothing
+reads it: :func:`clear_entry` moves it aside and removes it, and the value is published in its
+place.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import logging
 import os
 import re
 import secrets
+import stat
 from collections.abc import Callable, Sequence
 
-from hicache_storage.kit.pageio import NO_LINK_ERRORS, WRITE_FLAGS
+from hicache_storage.kit.pageio import NO_LINK_ERRORS, WRITE_FLAGS, holds_value
 from hicache_storage.kit.vectored import write_from
 
-__all__ = ["TEMP_MARK", "AtomicFiles", "FanoutPaths", "fsync_dir", "is_temp", "temp_name"]
+__all__ = [
+    "TEMP_MARK",
+    "AtomicFiles",
+    "FanoutPaths",
+    "clear_entry",
+    "fsync_dir",
+    "is_temp",
+    "temp_name",
+]
+
+logger = logging.getLogger(__name__)
 
 TEMP_MARK = ".tmp."
 """What every temporary file name contains (after a leading dot)."""
@@ -170,26 +189,86 @@ class AtomicFiles:
 
     @staticmethod
     def publish(temp: str, path: str) -> bool:
-        """Make ``temp`` visible as ``path`` unless ``path`` exists; return whether it did."""
-        try:
-            os.link(temp, path)
-        except FileExistsError:
-            return False
-        except OSError as exc:
-            if exc.errno not in NO_LINK_ERRORS:
-                raise
-        else:
+        """Make ``temp`` visible as ``path`` unless ``path`` holds a value; return whether it did.
+
+        An entry at ``path`` that holds no value (a FIFO, a directory, a dangling symlink ...)
+        is cleared (:func:`clear_entry`) and ``temp`` published in its place: such an entry
+        never keeps a key from being stored, nor passes for its value.
+
+        Raises
+        ------
+        OSError
+            If publishing failed, or ``path`` still holds no value after it was cleared once
+            (something keeps putting an entry there).
+        """
+        for _ in range(2):
+            try:
+                os.link(temp, path)
+            except FileExistsError:
+                if holds_value(path):
+                    return False
+                clear_entry(path)
+                continue
+            except OSError as exc:
+                if exc.errno not in NO_LINK_ERRORS:
+                    raise
+            else:
+                return True
+            if os.path.lexists(path):
+                if holds_value(path):
+                    return False
+                clear_entry(path)
+            os.rename(temp, path)
             return True
-        if os.path.lexists(path):
-            return False
-        os.rename(temp, path)
-        return True
+        raise OSError(errno.EEXIST, f"{path} holds no value and was not replaced", path)
 
     @staticmethod
     def discard(path: str) -> None:
         """Remove ``path`` if it is there; ignore any failure."""
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+def clear_entry(path: str) -> None:
+    """Take away the entry at ``path``, which holds no value, whatever it is, following no link.
+
+    It is first renamed to a fresh temporary name beside it (atomic, for a directory too), so
+    no reader or writer of the key meets it half removed. If a writer published a value there
+    in the meantime, that value is what moved: it is linked back and nothing is lost. A FIFO, a
+    socket, a device node or a symlink is then unlinked (the entry only: no data goes with it,
+    no link is followed); an empty directory is removed, and one that holds anything stays,
+    under its temporary name, with a warning: a store never deletes files it did not write.
+
+    Raises
+    ------
+    OSError
+        If the entry cannot be moved or removed (a missing one is fine).
+    """
+    directory, name = os.path.split(path)
+    aside = os.path.join(directory, temp_name(name.lstrip(".")))
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return
+    mode = os.lstat(aside).st_mode
+    if stat.S_ISREG(mode):  # a value published meanwhile: it goes back
+        with contextlib.suppress(FileExistsError):
+            os.link(aside, path)
+        os.unlink(aside)
+    elif not stat.S_ISDIR(mode):
+        os.unlink(aside)
+    else:
+        try:
+            os.rmdir(aside)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            logger.warning(
+                "%s was a directory where a value belongs; it holds files, so it was moved to "
+                "%s and kept",
+                path,
+                aside,
+            )
 
 
 def fsync_dir(directory: str) -> None:

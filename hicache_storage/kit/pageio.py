@@ -15,6 +15,14 @@ for all of it: a batch moved page by page from Python threads takes the GIL back
 ``open``, read and ``close``, each time from the thread that launches a model's kernels, and on
 the GPU host a forward beside such a batch ran 16 times slower (``docs/performance.md``).
 Elsewhere the same steps run page by page on an :class:`~hicache_storage.kit.IOWorkers`.
+
+Only a regular file is ever a value (:func:`open_regular`, :func:`holds_value`): a FIFO, a
+directory, a socket or a device at a value's path is never read, never waited on (a FIFO's
+``open`` would wait for a writer forever), never taken for a stored value.
+
+Every route of a batch call, native or Python, one page or many, checks its arguments the same
+way first (:func:`check_batch`): sequences that do not align, or a path holding a NUL byte (which
+the OS would take for the end of the path, naming another file), raise ``ValueError``.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from collections.abc import Sequence
 from types import ModuleType
 from typing import NamedTuple, Protocol
@@ -34,17 +43,22 @@ __all__ = [
     "CHECK_CHUNK_BYTES",
     "IOV_MAX",
     "NATIVE_CHECKED_READS",
+    "NOT_REGULAR",
     "NO_LINK_ERRORS",
     "PUBLISHED",
     "PRESENT",
     "UNLINKED",
+    "READ_FLAGS",
     "WRITE_FLAGS",
     "FileRead",
     "FileWrite",
     "RunRead",
     "RunWrite",
+    "check_batch",
     "flat",
+    "holds_value",
     "nbytes",
+    "open_regular",
     "read_checked",
     "read_exact",
     "read_files",
@@ -135,13 +149,108 @@ def write_checked(
     return nbytes(views), crc
 
 
+READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+"""How :func:`read_files` opens a page's file unless told otherwise."""
+
+NOT_REGULAR = -1
+"""The :attr:`FileRead.size` of a path that names no regular file: never read, a miss."""
+
+_NOT_A_FILE = frozenset({errno.ENXIO, errno.ENODEV, errno.EISDIR})
+"""What ``open`` fails with on a socket, a device without a driver, or a directory opened for
+writing: the path names something that is not a file, which is not a failure of the medium."""
+
+_GONE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
+"""What ``stat`` fails with where a path names nothing: no entry, or a dangling link."""
+
+
+def open_regular(path: str | bytes, flags: int = READ_FLAGS, mode: int = 0o644) -> int | None:
+    """Open ``path`` with ``flags``; return its descriptor if it is a regular file, else None.
+
+    The ``open`` itself never waits: it is made with ``O_NONBLOCK`` (a FIFO with no writer
+    would otherwise hold it forever, beyond any deadline, outside the GIL's reach of a timeout)
+    and ``O_NOCTTY``, then ``fstat`` decides, and only a regular file is kept, switched back to
+    blocking I/O unless ``flags`` asked for ``O_NONBLOCK``. A FIFO, a directory, a socket, a
+    device (or a symlink to one) is closed again, and None says so. With ``O_CREAT`` a missing
+    file is created as usual.
+
+    Raises
+    ------
+    OSError
+        If ``open`` or ``fstat`` fails (``FileNotFoundError`` for a missing file).
+    """
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOCTTY, mode)
+    except OSError as exc:
+        if exc.errno in _NOT_A_FILE:
+            return None
+        raise
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        if regular and not flags & os.O_NONBLOCK:
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not regular:
+        os.close(fd)
+        return None
+    return fd
+
+
+def holds_value(path: str) -> bool:
+    """Return whether ``path`` names a regular file (through symlinks), which alone is a value.
+
+    False for a path that names nothing (a dangling symlink included) or anything else: a
+    FIFO, a directory, a socket, a device. ``stat`` opens nothing, so it never waits.
+
+    Raises
+    ------
+    OSError
+        If ``stat`` fails otherwise (the answer is unknown).
+    """
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError as exc:
+        if exc.errno in _GONE:
+            return False
+        raise
+
+
+def check_batch(
+    paths: Sequence[str | bytes],
+    temps: Sequence[str | bytes] | None = None,
+    **aligned: Sequence[object] | None,
+) -> None:
+    """Refuse a batch's arguments unless they align and every path is one the OS can take.
+
+    The one validation of every route of :func:`read_files` and :func:`write_files` (native or
+    Python, one page or many), so a call is refused or served the same way wherever it runs.
+    ``aligned`` names the other per-page sequences (``pages=``, ``checked=``, ...; None for one
+    not given).
+
+    Raises
+    ------
+    ValueError
+        If a sequence's length is not the number of paths, or a path holds a NUL byte (``open``
+        would stop there and name another file).
+    """
+    n = len(paths)
+    for name, items in {"temporary paths": temps, **aligned}.items():
+        if items is not None and len(items) != n:
+            raise ValueError(f"paths and {name} must align: got {n} paths, {len(items)} {name}")
+    for path in (*paths, *(temps or ())):
+        if ("\x00" if isinstance(path, str) else b"\x00") in path:
+            raise ValueError(f"a path must not contain a NUL byte: {path!r}")
+
+
 class FileRead(NamedTuple):
     """What :func:`read_files` did with one page's file."""
 
     error: int
     """0, or the errno of the failed ``open``, ``fstat`` or read (the page may be part-filled)."""
     size: int
-    """The file's size in bytes (0 if it could not be opened)."""
+    """The file's size in bytes (0 if it could not be opened, :data:`NOT_REGULAR` if the path
+    names no regular file: a FIFO, a directory, a socket or a device, never read)."""
     read: int
     """Bytes read: 0 when the file's size is not the page's (the page is left untouched)."""
     crc: int
@@ -153,8 +262,10 @@ PRESENT = 0
 PUBLISHED = 1
 """A :class:`FileWrite` outcome: this call published the value."""
 UNLINKED = 2
-"""A :class:`FileWrite` outcome: written, but the filesystem cannot hard-link; the temporary
-file is left for the caller to publish (with ``rename`` where the path is absent)."""
+"""A :class:`FileWrite` outcome: written, but not published by ``link``, because the filesystem
+cannot hard-link or the path holds no value (a FIFO, a directory, a dangling symlink ...); the
+temporary file is left for the caller to publish
+(:meth:`~hicache_storage.kit.AtomicFiles.publish` replaces such an entry)."""
 
 
 class FileWrite(NamedTuple):
@@ -172,21 +283,25 @@ def read_files(
     checked: Sequence[int],
     workers: IOWorkers,
     *,
-    flags: int = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0),
+    flags: int = READ_FLAGS,
     chunk_bytes: int = CHECK_CHUNK_BYTES,
 ) -> list[FileRead]:
     """Fill each page's buffers from its own file; return what happened to each, in order.
 
     A file is read only when its size is the sum of its page's buffers (give a value's record
-    buffer as the page's last); the CRC32C covers its first ``checked[i]`` bytes. Up to
-    ``workers.threads`` pages are in flight across the calls sharing ``workers``; failures are
-    reported per page, never raised.
+    buffer as the page's last); the CRC32C covers its first ``checked[i]`` bytes. A path that
+    names no regular file is never read nor waited on (:func:`open_regular`): its size is
+    :data:`NOT_REGULAR`. Up to ``workers.threads`` pages are in flight across the calls sharing
+    ``workers``; failures are reported per page, never raised.
 
     Raises
     ------
+    ValueError
+        If the arguments do not align or a path holds a NUL byte (:func:`check_batch`).
     BackendClosedError
         If ``workers`` is closed.
     """
+    check_batch(paths, pages=pages, checked=checked)
     if _CHECKED is not None and len(paths) > 1:
         with workers.share(len(paths)) as threads:
             raw = _CHECKED.read_files(
@@ -204,9 +319,11 @@ def _read_file(
     path: str, views: Sequence[memoryview], checked: int, flags: int, chunk_bytes: int
 ) -> FileRead:
     try:
-        fd = os.open(path, flags)
+        fd = open_regular(path, flags)
     except OSError as exc:
         return FileRead(exc.errno or errno.EIO, 0, 0, 0)
+    if fd is None:
+        return FileRead(0, NOT_REGULAR, 0, 0)
     try:
         size = os.fstat(fd).st_size
         if size != nbytes(views):
@@ -236,13 +353,18 @@ def write_files(
     written.
     ``link(temp, path)`` publishes, so the first complete value wins and a reader never sees a
     partial one; the temporary file is removed unless the filesystem cannot hard-link
-    (:data:`UNLINKED`). Directories must exist. Failures are reported per page, never raised.
+    (:data:`UNLINKED`) or the path holds no value but some other entry (:func:`holds_value`),
+    which the caller replaces. Directories must exist. Failures are reported per page, never
+    raised.
 
     Raises
     ------
+    ValueError
+        If the arguments do not align or a path holds a NUL byte (:func:`check_batch`).
     BackendClosedError
         If ``workers`` is closed.
     """
+    check_batch(paths, temps, pages=pages, keys=keys)
     if _CHECKED is not None and len(paths) > 1:
         encoded = [os.fsencode(path) for path in paths], [os.fsencode(temp) for temp in temps]
         digests = None if keys is None else [key_digest(key) for key in keys]
@@ -297,6 +419,12 @@ def _write_file(
             os.close(fd)
         os.link(temp, path)
     except FileExistsError:
+        try:
+            held = holds_value(path)
+        except OSError:
+            held = False  # unknown: the caller's publish decides, or fails
+        if not held:  # an entry that is no value: the caller replaces it with the temp file
+            return FileWrite(0, UNLINKED)
         outcome = FileWrite(0, PRESENT)
     except OSError as exc:
         if exc.errno in NO_LINK_ERRORS:
@@ -341,9 +469,13 @@ def read_runs(
 
     Raises
     ------
+    ValueError
+        If ``checked`` does not hold one size per run.
     BackendClosedError
         If ``workers`` is closed.
     """
+    if len(checked) != len(runs):  # every route: a run without a size is refused, not skipped
+        raise ValueError(f"runs and checked must align: got {len(runs)} runs, {len(checked)} sizes")
     if _CHECKED is not None and len(runs) > 1:
         with workers.share(len(runs)) as threads:
             raw = _CHECKED.read_runs(runs, checked, chunk_bytes, threads)
