@@ -11,7 +11,9 @@ Media
     * ``file://``: the local path directly, through the kit: a temporary file published with
       ``link()`` (:class:`~hicache_storage.kit.AtomicFiles`), reads with ``preadv`` straight into
       the caller's buffers or the host pool's pages. Persistent, shared between processes, crash
-      safe, first-wins, zero-copy.
+      safe, first-wins, zero-copy. Only a regular file is a value: a FIFO, a directory, a socket
+      or a device at a key's path is a miss never waited on, not an existing key, and a write
+      of the key replaces it (:func:`~hicache_storage.kit.clear_entry`).
     * ``memory://``: fsspec's in-process store. A value is put whole, under one lock per process
       that makes create-if-absent atomic and serialises reads of the store's shared file
       objects. First-wins; neither persistent nor shared (it dies with the process).
@@ -27,10 +29,11 @@ Errors
     Every medium call sits behind :class:`~hicache_storage.kit.ErrorMap` (client connection
     errors are unavailable, timeouts time out, other ``OSError`` are I/O errors) and a
     :class:`~hicache_storage.kit.MediumFaults` check, so the suite can make any medium fail. A
-    missing object is a miss, also when it vanishes between lookup and read. On asynchronous
-    filesystems each call runs under one deadline (``deadline_s``): fsspec cancels the request
-    when it passes, and bytes reach the caller's buffers only after a request returned, so a
-    request abandoned at the deadline never writes into them.
+    missing object is a miss, also when it vanishes between lookup and read. In a batch read a
+    key that fails is a miss of its own; the failure is raised only when no key was read. On
+    asynchronous filesystems each call runs under one deadline (``deadline_s``): fsspec cancels
+    the request when it passes, and bytes reach the caller's buffers only after a request
+    returned, so a request abandoned at the deadline never writes into them.
 """
 
 from __future__ import annotations
@@ -38,11 +41,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import os
 import threading
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import fsspec
@@ -62,6 +66,7 @@ from hicache_storage import (
 )
 from hicache_storage.buffers import scatter
 from hicache_storage.kit import (
+    READ_FLAGS,
     UNLINKED,
     AtomicFiles,
     Count,
@@ -72,9 +77,11 @@ from hicache_storage.kit import (
     Rule,
     closed_guard,
     flat,
+    holds_value,
     is_missing,
     is_temp,
     nbytes,
+    open_regular,
     read_exact,
     read_files,
     readinto_views,
@@ -93,7 +100,8 @@ __all__ = ["CAPABILITIES", "FsspecBackend", "Kind", "open_filesystem"]
 EXTRAS: dict[str, str] = {"s3": "fsspec-s3", "s3a": "fsspec-s3"}
 """The hicache-storage extra that installs each protocol's fsspec implementation."""
 
-_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+logger = logging.getLogger(__name__)
+
 _MEMORY_LOCK = threading.Lock()
 """``memory://`` is one store per process: its create-if-absent is a check, then a put, and a
 read positions the stored file object itself, so every instance in the process shares a lock."""
@@ -393,22 +401,32 @@ class FsspecBackend(StorageBackend):
         if self.kind == "local" and not strict and len(keys) > 1:
             return self._read_local(keys, pages)
         if self.kind in ("local", "memory"):
-            return [
-                self._read_one(key, views, strict) for key, views in zip(keys, pages, strict=True)
-            ]
+            hits = [False] * len(keys)
+            failures: dict[int, HiCacheError] = {}
+            for i, (key, views) in enumerate(zip(keys, pages, strict=True)):
+                try:
+                    hits[i] = self._read_one(key, views, strict)
+                except BufferSizeError:
+                    raise
+                except HiCacheError as exc:
+                    failures[i] = exc
+            return _per_key(hits, failures)
         calls = [(self.paths.path(key),) for key in keys]
         results = self._remote("read", "cat_file", calls, self._deadline())
-        self._check(results, keys, "read")  # before any byte moves: a failed batch writes none
-        return [
-            not isinstance(data, BaseException) and _fill(key, data, len(data), views, strict)
-            for key, data, views in zip(keys, results, pages, strict=True)
-        ]
+        hits = [False] * len(keys)
+        failures: dict[int, HiCacheError] = {}
+        for i, (key, data, views) in enumerate(zip(keys, results, pages, strict=True)):
+            if not isinstance(data, BaseException):
+                hits[i] = _fill(key, data, len(data), views, strict)
+            elif not self.errors.is_miss(data):
+                failures[i] = self.errors.translate(data, f"read {key!r}")
+        return _per_key(hits, failures)
 
     def _read_local(self, keys: Sequence[str], pages: Sequence[Sequence[memoryview]]) -> list[bool]:
         """Read a batch of local files at once (:func:`~hicache_storage.kit.read_files`).
 
-        A missing file, one of another size or one that comes up short is a miss; if a file
-        fails, the others are still read and the first failure is raised.
+        A missing file, one of another size, one that comes up short or an entry that is not a
+        regular file is a miss; a file that fails is a miss of its own (:func:`_per_key`).
         """
         hits = [False] * len(keys)
         failures: dict[int, HiCacheError] = {}
@@ -426,7 +444,7 @@ class FsspecBackend(StorageBackend):
             [pages[i] for i in todo],
             [0] * len(todo),
             self._io,
-            flags=_READ,
+            flags=READ_FLAGS,
         )
         for i, result in zip(todo, results, strict=True):
             if result.error:
@@ -435,9 +453,7 @@ class FsspecBackend(StorageBackend):
                     failures[i] = self.errors.translate(failed, f"read {keys[i]!r}")
                 continue
             hits[i] = result.size == nbytes(pages[i]) == result.read
-        if failures:
-            raise failures[min(failures)]
-        return hits
+        return _per_key(hits, failures)
 
     def _read_one(self, key: str, views: Sequence[memoryview], strict: bool) -> bool:
         """Read ``key`` from a local or memory filesystem straight into ``views``."""
@@ -445,7 +461,9 @@ class FsspecBackend(StorageBackend):
         try:
             self.medium_faults.check("read")
             if self.kind == "local":
-                fd = os.open(path, _READ)
+                fd = open_regular(path, READ_FLAGS)
+                if fd is None:  # not a file: no value
+                    return False
                 try:
                     size = os.fstat(fd).st_size
                     return _fill(key, fd, size, views, strict)
@@ -482,7 +500,9 @@ class FsspecBackend(StorageBackend):
             self.medium_faults.check("read")
             if self.kind == "memory":
                 return bytes(self.fs.cat_file(path))
-            fd = os.open(path, _READ)
+            fd = open_regular(path, READ_FLAGS)
+            if fd is None:  # not a file: no value
+                return None
             try:
                 value = bytearray(os.fstat(fd).st_size)
                 return value if read_exact(fd, [memoryview(value)]) else None
@@ -524,7 +544,8 @@ class FsspecBackend(StorageBackend):
             try:
                 self.medium_faults.check("stat")
                 if self.kind == "local":
-                    os.stat(self.paths.path(key))
+                    if not holds_value(self.paths.path(key)):
+                        return count
                 elif not self.fs.isfile(self.paths.path(key)):
                     return count
             except Exception as exc:
@@ -654,6 +675,8 @@ class FsspecBackend(StorageBackend):
         try:
             self.medium_faults.check("delete")
             if self.kind == "local":
+                if os.path.isdir(path) and not os.path.islink(path):
+                    return False  # a directory is no value: nothing to delete
                 os.unlink(path)
             else:
                 with _MEMORY_LOCK:
@@ -727,6 +750,30 @@ class FsspecBackend(StorageBackend):
     def __repr__(self) -> str:
         state = " closed" if self.closed else ""
         return f"<FsspecBackend {self.url!r} ({self.kind}){state}>"
+
+
+def _per_key(hits: list[bool], failures: Mapping[int, HiCacheError]) -> list[bool]:
+    """Return a batch read's hits, its failed keys among the misses; raise if nothing was read.
+
+    One object that cannot be read costs its own key, not the keys read beside it. When no key
+    of the batch was read, the first failure is raised, so the layers count a failing medium as
+    an outage.
+
+    Raises
+    ------
+    HiCacheError
+        The first failure, if the batch has failures and no hit.
+    """
+    if failures and not any(hits):
+        raise failures[min(failures)]
+    if failures:
+        logger.warning(
+            "fsspec backend: %d of %d keys of a batch could not be read and are misses: %s",
+            len(failures),
+            len(hits),
+            failures[min(failures)],
+        )
+    return hits
 
 
 def _raise_unless_missing(exc: OSError) -> None:

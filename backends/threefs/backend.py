@@ -63,7 +63,7 @@ from hicache_storage.kit.integrity import RECORD_BYTES, check, seal, verify
 from hicache_storage.kit.integrity import record as make_record
 
 from .config import ThreeFSConfig, capabilities
-from .io import IORequest, SlotIO, open_io
+from .io import IORequest, SlotIO, open_file, open_io
 from .metadata import GeometryError, Location, Metadata, Reservation
 from .metadata_http import HttpMetadata, Unauthorized
 from .metadata_local import LocalMetadata
@@ -423,7 +423,7 @@ class ThreeFSBackend(StorageBackend):
         """Take the lock that makes this instance the only user of its files."""
         path = os.path.join(self.root, f"{self.namespace}.lock")
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            fd = open_file(path)
         except OSError as exc:
             raise BackendIOError(f"3fs backend could not open {path!r}: {exc}") from exc
         try:

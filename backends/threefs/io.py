@@ -16,6 +16,8 @@ request fails or comes up short. Requests are spread over ``io_threads`` worker 
     (``tests/backends/threefs/fake_usrbio.py``), never against a real mount.
 
 :func:`open_io` creates the data files (sparse, ``ftruncate`` to their size) and picks the engine.
+A data file's path that holds anything but a regular file (a FIFO, a directory, a device) is
+cleared and the file created in its place (:func:`open_file`): nothing was ever stored there.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from types import ModuleType
 from typing import Any, Literal, NamedTuple
 
 from hicache_storage.errors import ConfigError, MissingDependencyError
+from hicache_storage.kit import clear_entry, open_regular
 from hicache_storage.kit.guard import DRAIN_S, CallGate
 from hicache_storage.kit.pageio import read_runs, write_runs
 from hicache_storage.kit.parallel import IOWorkers
@@ -45,6 +48,7 @@ __all__ = [
     "UsrbioIO",
     "find_3fs_mount",
     "load_usrbio",
+    "open_file",
     "open_io",
 ]
 
@@ -54,6 +58,29 @@ HF3FS_SUPER_MAGIC = 0x8F3F5FFF
 USRBIO_MODULE = "hf3fs_fuse.io"
 
 _FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+
+
+def open_file(path: str, mode: int = 0o644) -> int:
+    """Open ``path`` for reading and writing, creating it; return its descriptor.
+
+    Only a regular file is used: the open never waits
+    (:func:`~hicache_storage.kit.open_regular`), and any other entry at ``path`` (a FIFO, a
+    directory, a socket, a device, a symlink to one) is cleared
+    (:func:`~hicache_storage.kit.clear_entry`) and the file created in its place. No byte could
+    have been stored in such an entry, so none is lost, and the store opens instead of failing
+    until someone removes the entry by hand.
+
+    Raises
+    ------
+    OSError
+        If the file cannot be created, or ``path`` still holds no regular file once cleared.
+    """
+    for _ in range(2):
+        fd = open_regular(path, _FLAGS, mode)
+        if fd is not None:
+            return fd
+        clear_entry(path)
+    raise OSError(errno.EEXIST, f"{path} is not a regular file and was not replaced", path)
 
 
 class IORequest(NamedTuple):
@@ -114,7 +141,7 @@ class SlotIO(abc.ABC):
         self._gate = CallGate(f"3fs {self.kind} I/O")
         try:
             for path in self.paths:
-                fd = os.open(path, _FLAGS, 0o644)
+                fd = open_file(path)
                 self.fds.append(fd)
                 if os.fstat(fd).st_size < file_size:
                     os.ftruncate(fd, file_size)
