@@ -22,8 +22,9 @@ import msgspec
 
 from .errors import ConfigError
 from .keys import KeyScheme, KeySchemeError, RankSuffixScheme, UnifiedPlan, plan_unified
-from .kit.options import check_count, check_seconds
-from .redact import redact_text, secrets_in
+from .kit.options import MAX_TIMEOUT_S, check_count, check_seconds
+from .redact import redact_text, redacted_repr, secrets_in
+from .registry import registered_backends
 
 __all__ = [
     "BUILT_IN_LAYERS",
@@ -38,10 +39,12 @@ __all__ = [
     "HiCacheConfig",
     "LayerConfig",
     "UnifiedKeys",
+    "check_duration",
     "convert",
     "env_overrides",
     "load_config",
     "read_source",
+    "require_backend",
 ]
 
 ENV_PREFIX = "HICACHE_"
@@ -314,7 +317,8 @@ class HiCacheConfig(_Config, frozen=True):
     backend
         Registered backend name.
     options
-        The backend's own settings, validated against its schema when it is built.
+        The backend's own settings, validated against its schema when it is built. Their
+        secrets (passwords, tokens, URL passwords) never show in ``repr``.
     deployment
         Facts about this rank.
     layers
@@ -326,6 +330,9 @@ class HiCacheConfig(_Config, frozen=True):
     deployment: Deployment = Deployment()
     layers: LayerConfig = LayerConfig()
 
+    def __repr__(self) -> str:
+        return redacted_repr(self)
+
 
 MAX_DEPTH = 32
 """Deepest nesting of objects and lists a config may have: real ones stay below ten, and a bound
@@ -333,6 +340,37 @@ keeps every walk over a config (merging, validating, masking secrets) far from P
 recursion limit."""
 MAX_INT_BITS = 64
 """Widest integer a config may hold: every integer option fits in 64 bits (msgspec's own bound)."""
+
+
+def check_duration(
+    name: str,
+    value: object,
+    *,
+    maximum: float = MAX_TIMEOUT_S,
+    allow_zero: bool = False,
+    allow_none: bool = False,
+) -> None:
+    """Refuse a duration as every config of the project does, with a one-line ``ConfigError``.
+
+    The one bound behind every ``*_s`` setting (:func:`~hicache_storage.kit.options.check_seconds`,
+    which config Structs call from ``__post_init__``), for the dataclass configs that raise
+    ``ConfigError`` themselves: a finite number of seconds, above zero (or zero where
+    ``allow_zero``), at most ``maximum``. The default, an hour
+    (:data:`~hicache_storage.kit.options.MAX_TIMEOUT_S`), is far past any useful wait on a
+    cache and far below what a lock, a socket or ``time.sleep`` accepts
+    (``threading.TIMEOUT_MAX``, a ``time_t``), so no accepted duration ends as a raw
+    ``OverflowError`` later.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``name``, for a non-number (``bool`` included), NaN, infinity or a value out of
+        range.
+    """
+    try:
+        check_seconds(name, value, maximum=maximum, allow_zero=allow_zero, allow_none=allow_none)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def read_source(source: Any) -> dict[str, Any]:
@@ -485,6 +523,29 @@ def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
         else:
             merged[key] = value
     return merged
+
+
+def require_backend(
+    data: Mapping[str, Any], where: str, *, env: Mapping[str, str] | None = None
+) -> None:
+    """Refuse a config that names no backend where a default backend would be a guess.
+
+    :class:`HiCacheConfig` defaults to ``file``; an integration entry that forgot ``backend``
+    would then build a file backend and complain about its options (``url`` unknown), not about
+    the key that is missing. ``HICACHE_BACKEND`` in ``env`` (default ``os.environ``) counts.
+
+    Raises
+    ------
+    ConfigError
+        Saying ``backend`` is required in ``where`` and listing the registered backends.
+    """
+    env = os.environ if env is None else env
+    if "backend" in data or env.get(f"{ENV_PREFIX}BACKEND"):
+        return
+    raise ConfigError(
+        f"{where} names no 'backend'; it is required: one of "
+        f"{', '.join(registered_backends())} (or set {ENV_PREFIX}BACKEND)"
+    )
 
 
 def load_config(source: Any = None, *, env: Mapping[str, str] | None = None) -> HiCacheConfig:

@@ -6,17 +6,27 @@ the password part of a URL (``redis://user:pw@host``), found the way the clients
 at the first ``/``, ``?`` or ``#``, the user part at its last ``@`` and the password starts after
 the first ``:``, so a password may hold ``@``, ``:`` and whitespace. :func:`redact_options`
 returns a copy of a config safe to write anywhere; :func:`redact_text` scrubs the secrets of a
-config from a message.
+config from a message; :func:`redacted_repr` is the ``repr`` of every config record that can hold
+a secret, so a log line or a traceback's locals never show one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["MASK", "is_secret_name", "redact_options", "redact_text", "redact_url", "secrets_in"]
+__all__ = [
+    "MASK",
+    "is_secret_name",
+    "redact_options",
+    "redact_text",
+    "redact_url",
+    "redacted_repr",
+    "secrets_in",
+]
 
 MASK = "***"
 
@@ -125,3 +135,36 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
                 # A short secret is masked only where it stands alone, not inside words.
                 text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(form)}(?![A-Za-z0-9])", MASK, text)
     return text
+
+
+def _field_names(record: object) -> tuple[str, ...]:
+    """Return the fields of a msgspec Struct or a dataclass instance, in declaration order."""
+    names: tuple[str, ...] | None = getattr(type(record), "__struct_fields__", None)
+    if names is not None:
+        return names
+    if dataclasses.is_dataclass(record):
+        return tuple(field.name for field in dataclasses.fields(record) if field.repr)
+    raise TypeError(f"{type(record).__name__} is neither a msgspec Struct nor a dataclass")
+
+
+def redacted_repr(record: object) -> str:
+    """Return ``repr(record)`` (a msgspec Struct or a dataclass) with its secrets masked.
+
+    A field named as a secret (:func:`is_secret_name`) shows :data:`MASK` when set; strings,
+    mappings and lists show what :func:`redact_options` leaves of them (URL passwords and
+    secret-named options masked, at any depth); a nested record shows its own ``repr``, so each
+    record masks its own secrets. Use it as the ``__repr__`` of every config that can hold one.
+    """
+    parts = []
+    for name in _field_names(record):
+        value = getattr(record, name)
+        if is_secret_name(name) and value not in (None, ""):
+            shown: Any = MASK
+        elif isinstance(value, tuple) and not hasattr(value, "_fields"):
+            shown = tuple(redact_options(list(value)))
+        elif isinstance(value, (str, Mapping, list)):
+            shown = redact_options(value)
+        else:
+            shown = value
+        parts.append(f"{name}={shown!r}")
+    return f"{type(record).__name__}({', '.join(parts)})"

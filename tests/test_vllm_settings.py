@@ -11,6 +11,7 @@ import pytest
 from hicache_storage.errors import ConfigError
 from hicache_storage.integrations.vllm.config import TIER_KEYS, tier_settings
 from hicache_storage.integrations.vllm.namespace import ChunkFormat, chunk_key, hash_setting
+from hicache_storage.registry import registered_backends
 
 FORMAT = ChunkFormat(
     model="m",
@@ -71,6 +72,37 @@ def test_environment_deployment_is_refused(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("HICACHE_DEPLOYMENT__TP_SIZE", "2")
     with pytest.raises(ConfigError, match="HICACHE_DEPLOYMENT"):
         tier_settings({"backend": "memory"})
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"options": {"url": "redis://127.0.0.1:6379/0"}},
+        {"config": {"options": {"root": "/tmp/kv"}}},
+        {},
+    ],
+    ids=["inline-options", "config-without-backend", "empty"],
+)
+def test_an_entry_without_backend_names_the_missing_key(
+    entry: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not the file backend's complaint about ``url``: the key that is missing, and the choices."""
+    monkeypatch.delenv("HICACHE_BACKEND", raising=False)
+    with pytest.raises(ConfigError) as caught:
+        tier_settings(entry)
+    message = str(caught.value)
+    assert "names no 'backend'; it is required" in message
+    assert all(name in message for name in registered_backends())
+    assert "url" not in message
+
+
+def test_the_backend_may_come_from_the_config_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("HICACHE_BACKEND", raising=False)
+    assert tier_settings({"config": {"backend": "memory"}}).hicache.backend == "memory"
+    monkeypatch.setenv("HICACHE_BACKEND", "memory")
+    assert tier_settings({}).hicache.backend == "memory"
 
 
 def test_keys_cover_every_documented_setting() -> None:

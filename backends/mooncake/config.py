@@ -22,7 +22,7 @@ import msgspec
 from hicache_storage.capabilities import Capabilities
 from hicache_storage.errors import ConfigError
 from hicache_storage.kit.options import MAX_BYTES, bytes_of, check_port, check_seconds
-from hicache_storage.redact import redact_url
+from hicache_storage.redact import redact_url, redacted_repr
 
 __all__ = [
     "capabilities",
@@ -273,6 +273,9 @@ class MooncakeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         if self.metadata_server is not None:
             check_metadata_server("metadata_server", self.metadata_server)
 
+    def __repr__(self) -> str:
+        return redacted_repr(self)
+
     def resolve(self, env: Mapping[str, str] | None = None) -> MooncakeSettings:
         """Merge the options, the JSON file and the environment into final settings.
 
@@ -377,6 +380,9 @@ class MooncakeSettings:
             self.local_buffer_size,
             self.deadline_s,
         )
+
+    def __repr__(self) -> str:
+        return redacted_repr(self)
 
 
 def _size(name: str, value: object, origin: str) -> int:

@@ -6,9 +6,14 @@ from typing import Any
 
 import msgspec
 
-from hicache_storage.errors import ConfigError
+from hicache_storage.kit.options import check_count, check_seconds
+from hicache_storage.redact import redacted_repr
 
-__all__ = ["ProcessConfig"]
+__all__ = ["MAX_THREADS", "ProcessConfig"]
+
+MAX_THREADS = 1024
+"""Most calls the storage process serves at once: one per engine thread that calls storage
+(query, read and write threads, a handful each), so a thousand is far past any real use."""
 
 
 class ProcessConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -19,7 +24,8 @@ class ProcessConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     backend
         The registered backend to run in the storage process (not ``process`` itself).
     options
-        That backend's own options, validated here before the process starts.
+        That backend's own options, validated here before the process starts. Their secrets
+        (passwords, tokens, URL passwords) never show in ``repr``.
     threads
         Calls the storage process serves at once (the engine's query, read and write threads).
     start_timeout_s
@@ -36,10 +42,10 @@ class ProcessConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     def __post_init__(self) -> None:
         if self.backend == "process":
-            raise ConfigError("the process backend cannot serve another process backend")
-        if isinstance(self.threads, bool) or self.threads < 1:
-            raise ConfigError(f"threads must be a positive int, got {self.threads!r}")
-        for name in ("start_timeout_s", "call_timeout_s"):
-            value = getattr(self, name)
-            if not 0 < value < float("inf"):
-                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+            raise ValueError("the process backend cannot serve another process backend")
+        check_count("threads", self.threads, maximum=MAX_THREADS)
+        check_seconds("start_timeout_s", self.start_timeout_s)
+        check_seconds("call_timeout_s", self.call_timeout_s)
+
+    def __repr__(self) -> str:
+        return redacted_repr(self)

@@ -11,7 +11,7 @@ import msgspec
 from hicache_storage.capabilities import Capabilities
 from hicache_storage.kit.integrity import RECORD_BYTES
 from hicache_storage.kit.options import MAX_COUNT, check_bytes, check_count, check_seconds
-from hicache_storage.redact import redact_url
+from hicache_storage.redact import redact_url, redacted_repr
 
 from .metadata import Geometry
 
@@ -74,7 +74,8 @@ class ThreeFSConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         instance using these files; ``None`` keeps the key → slot map in this process, which
         then must be the only user of the files (they are locked).
     metadata_token
-        Bearer token the metadata service expects, if it was started with one.
+        Bearer token the metadata service expects, if it was started with one (never shown
+        in ``repr``, nor the password of ``metadata_url``).
     timeout_s
         Bound of each metadata call, and of the wait for another writer of the same key.
     fsync
@@ -134,6 +135,9 @@ class ThreeFSConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             _check_url(self.metadata_url)
         if self.metadata_token is not None and self.metadata_url is None:
             raise ValueError("metadata_token is set but metadata_url is not")
+
+    def __repr__(self) -> str:
+        return redacted_repr(self)
 
     def geometry(self) -> Geometry:
         """Return how each file is cut into slots."""

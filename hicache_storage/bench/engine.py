@@ -41,8 +41,8 @@ import numpy as np
 import torch
 
 from hicache_storage.backend import StorageBackend
-from hicache_storage.config import FaultConfig, FaultRule, LayerConfig
-from hicache_storage.engine.build import build_cache
+from hicache_storage.config import FaultConfig, FaultRule, LayerConfig, check_duration
+from hicache_storage.engine.build import build_cache, check_memory
 from hicache_storage.engine.cache import CacheConfig, TierCache
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.model import DTYPES, LlamaModel, ModelConfig
@@ -52,7 +52,7 @@ from hicache_storage.engine.workloads import Conversation, DocumentQueries, Mult
 from hicache_storage.errors import ConfigError, MissingDependencyError, UnsupportedOperationError
 from hicache_storage.factory import create_backend
 from hicache_storage.kit.options import positive_int, share
-from hicache_storage.redact import redact_options
+from hicache_storage.redact import redact_options, redacted_repr
 
 __all__ = [
     "PARTS",
@@ -271,10 +271,11 @@ class BenchConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         share("write_backlog", self.write_backlog, ConfigError)
-        if self.read_delay_s is not None and not 0 <= self.read_delay_s < math.inf:
-            raise ConfigError(f"read_delay_s must be a finite number >= 0, got {self.read_delay_s}")
-        if self.arrival_rate is not None and not self.arrival_rate > 0:
-            raise ConfigError(f"arrival_rate must be positive, got {self.arrival_rate}")
+        check_duration("read_delay_s", self.read_delay_s, allow_zero=True, allow_none=True)
+        if self.arrival_rate is not None and not 0 < self.arrival_rate < math.inf:
+            raise ConfigError(
+                f"arrival_rate must be a positive finite rate, got {self.arrival_rate}"
+            )
         for name, size in (
             ("device_tokens", self.device_tokens),
             ("host_tokens", self.host_tokens),
@@ -292,6 +293,9 @@ class BenchConfig:
             torch.device(self.device)
         except RuntimeError as exc:
             raise ConfigError(f"invalid device {self.device!r}: {exc}") from None
+
+    def __repr__(self) -> str:
+        return redacted_repr(self)
 
     @classmethod
     def for_model(cls, model: str, **overrides: Any) -> BenchConfig:
@@ -606,7 +610,8 @@ def run_bench(
     Raises
     ------
     ConfigError
-        If a request of the workload could not fit in the device pool.
+        If a request of the workload could not fit in the device pool, or the model and its
+        pools cannot fit the machine (checked before anything is built).
     """
     wanted = {name for name, _ in RUNS} if runs is None else {"no-cache", *runs}
     unknown = wanted - {name for name, _ in RUNS}
@@ -615,11 +620,12 @@ def run_bench(
             f"unknown configurations {sorted(unknown)}; known: {[n for n, _ in RUNS]}"
         )
     shape = config.model_config()
-    turns = config.turns(shape.vocab_size)
-    _check_fits(config, turns)
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {config.device!r} asked for, but torch sees no CUDA device")
+    check_memory(shape, device, device_tokens=config.device_tokens, host_tokens=config.host_tokens)
+    turns = config.turns(shape.vocab_size)
+    _check_fits(config, turns)
     model = LlamaModel(shape, device)
     _warm_model(model, config)
     rates = _measure_rates(config, shape, device)

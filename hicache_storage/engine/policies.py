@@ -15,10 +15,9 @@ The names and meanings of the write policies and of three prefetch policies are 
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass
 
-from hicache_storage.errors import ConfigError
+from hicache_storage.config import check_duration
 
 from .costs import CostModel
 
@@ -76,13 +75,7 @@ class PrefetchTimeout:
 
     def __post_init__(self) -> None:
         for name in ("base_s", "per_page_s"):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not 0 <= value < math.inf
-            ):
-                raise ConfigError(f"prefetch timeout {name} must be a finite number >= 0")
+            check_duration(f"prefetch timeout {name}", getattr(self, name), allow_zero=True)
 
     def deadline_s(self, pages: int) -> float:
         """Return how long a fetch of ``pages`` pages may run."""

@@ -45,7 +45,13 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from hicache_storage.backend import StorageBackend
 from hicache_storage.buffers import as_readable, as_writable
-from hicache_storage.config import HiCacheConfig, env_overrides, load_config, read_source
+from hicache_storage.config import (
+    HiCacheConfig,
+    env_overrides,
+    load_config,
+    read_source,
+    require_backend,
+)
 from hicache_storage.errors import ConfigError, HostPoolError, InvalidValueError
 from hicache_storage.factory import open_backend
 from hicache_storage.hostpool import HostKVPool, MHAHostPool, MLAHostPool, UnifiedObjectPool
@@ -133,11 +139,13 @@ def config_from(storage_config: HiCacheStorageConfig) -> HiCacheConfig:
     Raises
     ------
     ConfigError
-        If the extra config is malformed or names unknown keys, for decode context parallelism
+        If the extra config is malformed, names unknown keys or no ``backend`` (here, in
+        ``config`` or ``HICACHE_BACKEND``), for decode context parallelism
         or split heads (no key definition yet), or when the config, a config file or a
         ``HICACHE_*`` environment variable states a rank field that contradicts SGLang's.
     """
     data = _extra_data(storage_config.extra_config)
+    require_backend(data, "the hicache-storage extra config")
     deployment = data.get("deployment") or {}
     if not isinstance(deployment, Mapping):
         raise ConfigError(f"deployment must be an object, got {type(deployment).__name__}")

@@ -91,7 +91,7 @@ def check_seconds(
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    low = "0" if allow_zero else "> 0"
+    low = ">= 0" if allow_zero else "> 0"
     if not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number of seconds, got {value}")
     if value < 0 or (value == 0 and not allow_zero) or value > maximum:

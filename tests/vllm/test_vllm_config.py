@@ -21,6 +21,7 @@ def start(model: Path, tier: dict[str, Any], **kwargs: Any) -> None:
     ("tier", "message"),
     [
         ({"backend": "no-such-backend"}, "no-such-backend"),
+        ({"options": {"url": "redis://127.0.0.1:6379/0"}}, "names no 'backend'; it is required"),
         ({"backend": "file", "options": {"root": "/tmp/x", "nope": 1}}, "nope"),
         ({"backend": "file", "options": {}}, "root"),
         ({"backend": "memory", "colour": "blue"}, "unknown key(s) ['colour']"),

@@ -6,9 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hicache_storage.config import HiCacheConfig, load_config, read_source
+from hicache_storage.config import HiCacheConfig, load_config, read_source, require_backend
 from hicache_storage.errors import ConfigError
 from hicache_storage.kit.options import check_count
+from hicache_storage.redact import redacted_repr
 
 __all__ = ["LOCALITIES", "TIER_KEYS", "TierSettings", "tier_settings"]
 
@@ -29,7 +30,7 @@ class TierSettings:
     Attributes
     ----------
     hicache
-        The backend, its options and layers.
+        The backend, its options and layers (its secrets never show in ``repr``).
     read_threads, write_threads
         Load and store jobs running at once (each one ``batch_get_v1``/``batch_set_v1`` call).
     locality
@@ -40,6 +41,9 @@ class TierSettings:
     read_threads: int = 4
     write_threads: int = 2
     locality: str | None = None
+
+    def __repr__(self) -> str:
+        return redacted_repr(self)
 
 
 def tier_settings(entry: Mapping[str, Any]) -> TierSettings:
@@ -52,8 +56,9 @@ def tier_settings(entry: Mapping[str, Any]) -> TierSettings:
     Raises
     ------
     ConfigError
-        For unknown keys, a ``deployment`` (vLLM states every deployment fact), malformed
-        values, or thread counts that are not positive integers.
+        For unknown keys, no ``backend`` (here, in ``config`` or ``HICACHE_BACKEND``), a
+        ``deployment`` (vLLM states every deployment fact), malformed values, or thread counts
+        that are not positive integers.
     """
     entry = dict(entry)
     if "deployment" in entry:
@@ -76,6 +81,7 @@ def tier_settings(entry: Mapping[str, Any]) -> TierSettings:
     for key in _OUR_KEYS - {"config"}:
         if key in entry:
             data[key] = entry[key]
+    require_backend(data, "the HiCacheTier entry of secondary_tiers")
     hicache = load_config(read_source(data))
     if hicache.deployment != HiCacheConfig().deployment:
         raise ConfigError(
