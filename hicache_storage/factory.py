@@ -12,6 +12,7 @@ from .layers import (
     DegradeLayer,
     FaultInjectionLayer,
     ForwardingBackend,
+    HealthLayer,
     MetricsLayer,
     ValidationLayer,
 )
@@ -23,10 +24,12 @@ __all__ = ["apply_layers", "create_backend", "open_backend"]
 def apply_layers(backend: StorageBackend, layers: LayerConfig | None = None) -> StorageBackend:
     """Wrap ``backend`` in validation and then the configured stack (by default the built-ins).
 
-    By default the result is ``Validation(Degrade(Metrics(Faults(backend))))``. Validation is
-    always outermost so caller mistakes raise before anything else runs; by default
-    metrics sit inside degrade so they see (and count) the infrastructure errors degrade turns
-    into misses, and injected faults are innermost so they look exactly like backend failures.
+    By default the result is ``Validation(Degrade(Health(Metrics(Faults(backend)))))``.
+    Validation is always outermost so caller mistakes raise before anything else runs; by
+    default health sits inside degrade so it sees the timeouts that tell it the store stopped
+    answering (and answers misses itself while it is down), metrics sit inside both so they see
+    (and count) the infrastructure errors degrade turns into misses, and injected faults are
+    innermost so they look exactly like backend failures.
     :attr:`LayerConfig.stack` orders them otherwise, or adds a layer of one's own by its
     ``"module:Class"`` path.
 
@@ -46,6 +49,8 @@ def _layer(name: str, inner: StorageBackend, layers: LayerConfig) -> StorageBack
     """Return ``inner`` wrapped in the layer ``name`` (a built-in's word or a class path)."""
     if name == "degrade":
         return DegradeLayer(inner)
+    if name == "health":
+        return HealthLayer(inner, layers.health)
     if name == "metrics":
         return MetricsLayer(inner)
     if name == "faults":
@@ -84,7 +89,7 @@ def create_backend(
     deployment
         Facts about this rank; defaults to a single-rank deployment.
     layers
-        Which layers to apply; defaults to validation, degrade-to-miss and metrics.
+        Which layers to apply; defaults to validation, degrade-to-miss, health and metrics.
 
     Raises
     ------

@@ -18,6 +18,7 @@ from hicache_storage.layers import (
     DegradeLayer,
     FaultInjectionLayer,
     ForwardingBackend,
+    HealthLayer,
     MetricsLayer,
     ValidationLayer,
 )
@@ -53,6 +54,7 @@ def test_the_default_stack_is_unchanged() -> None:
     assert chain(apply_layers(MemoryBackend())) == [
         ValidationLayer,
         DegradeLayer,
+        HealthLayer,
         MetricsLayer,
         MemoryBackend,
     ]
@@ -60,10 +62,14 @@ def test_the_default_stack_is_unchanged() -> None:
     assert chain(apply_layers(MemoryBackend(), LayerConfig(faults=faults, metrics=False))) == [
         ValidationLayer,
         DegradeLayer,
+        HealthLayer,
         FaultInjectionLayer,
         MemoryBackend,
     ]
-    assert LayerConfig().layer_stack() == ("degrade", "metrics")
+    assert LayerConfig().layer_stack() == ("degrade", "health", "metrics")
+    # health answers misses, so it applies only where degrade does
+    assert LayerConfig(degrade=False).layer_stack() == ("metrics",)
+    assert LayerConfig(health=None).layer_stack() == ("degrade", "metrics")
 
 
 def test_a_stack_orders_the_built_in_layers() -> None:
@@ -122,11 +128,26 @@ def test_a_users_layer_joins_by_config() -> None:
         (["metrics", "metrics"], "appears twice"),
         (["faults"], "exactly when faults is set"),
         (["no such thing"], "unknown layer"),
+        (["health", "degrade"], "inside \\(after\\) 'degrade'"),
+        (["metrics", "health"], "inside \\(after\\) 'degrade'"),
     ],
 )
 def test_a_bad_stack_is_a_config_error(stack: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(json.dumps({"layers": {"stack": stack}}), env={})
+
+
+def test_a_stack_names_health_inside_degrade() -> None:
+    layers = LayerConfig(stack=("degrade", "metrics", "health"))
+    assert chain(apply_layers(MemoryBackend(), layers)) == [
+        ValidationLayer,
+        DegradeLayer,
+        MetricsLayer,
+        HealthLayer,
+        MemoryBackend,
+    ]
+    with pytest.raises(ValueError, match="health is off"):
+        LayerConfig(stack=("degrade", "health"), health=None)
 
 
 def test_flags_beside_a_stack_are_refused() -> None:

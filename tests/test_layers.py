@@ -42,7 +42,8 @@ class DownBackend(StorageBackend):
 
 
 def test_degrade_turns_outages_into_counted_misses(caplog: pytest.LogCaptureFixture) -> None:
-    backend = apply_layers(DownBackend())
+    # Without health, which would shed every call after the first (tests/test_health.py).
+    backend = apply_layers(DownBackend(), LayerConfig(health=None))
     with caplog.at_level(logging.WARNING):
         for _ in range(5):
             assert backend.get("k") is None
@@ -160,7 +161,13 @@ def test_default_stack_order() -> None:
     while hasattr(node, "inner"):
         chain.append(type(node).__name__)
         node = node.inner
-    assert chain == ["ValidationLayer", "DegradeLayer", "MetricsLayer", "FaultInjectionLayer"]
+    assert chain == [
+        "ValidationLayer",
+        "DegradeLayer",
+        "HealthLayer",
+        "MetricsLayer",
+        "FaultInjectionLayer",
+    ]
     assert isinstance(backend, ValidationLayer)
     assert isinstance(backend.inner, DegradeLayer)
     assert backend.unwrap() is node  # type: ignore[attr-defined]

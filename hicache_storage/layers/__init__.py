@@ -5,6 +5,7 @@ from __future__ import annotations
 from .base import ForwardingBackend
 from .degrade import DegradeLayer
 from .faults import FaultInjectionLayer
+from .health import HealthLayer
 from .metrics import MetricsLayer
 from .validation import ValidationLayer
 
@@ -12,6 +13,7 @@ __all__ = [
     "DegradeLayer",
     "FaultInjectionLayer",
     "ForwardingBackend",
+    "HealthLayer",
     "MetricsLayer",
     "ValidationLayer",
 ]
