@@ -36,6 +36,7 @@ __all__ = [
     "Deployment",
     "FaultConfig",
     "FaultRule",
+    "HealthConfig",
     "HiCacheConfig",
     "LayerConfig",
     "UnifiedKeys",
@@ -250,6 +251,31 @@ class FaultConfig(_Config, frozen=True):
             )
 
 
+class HealthConfig(_Config, frozen=True):
+    """When the health layer probes a store it treats as down (``docs/layers.md``).
+
+    Attributes
+    ----------
+    probe_interval_s
+        Wait after the first failed probe (the first probe goes at once); it doubles after each
+        failed probe.
+    max_probe_interval_s
+        Longest wait between probes.
+    """
+
+    probe_interval_s: float = 0.1
+    max_probe_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_seconds("probe_interval_s", self.probe_interval_s)
+        check_seconds("max_probe_interval_s", self.max_probe_interval_s)
+        if self.max_probe_interval_s < self.probe_interval_s:
+            raise ValueError(
+                f"max_probe_interval_s={self.max_probe_interval_s:g} is shorter than "
+                f"probe_interval_s={self.probe_interval_s:g}"
+            )
+
+
 class LayerConfig(_Config, frozen=True):
     """Which layers wrap a backend built by :func:`~hicache_storage.create_backend`.
 
@@ -259,18 +285,24 @@ class LayerConfig(_Config, frozen=True):
         Count operations and time them (readable through ``stats()``, exported to Prometheus).
     degrade
         Turn infrastructure errors into counted misses so storage never fails a request.
+    health
+        Once a call finds the store not answering (a timeout, no connection), answer every call
+        at once as a miss and probe the store in the background until it answers; ``None``
+        turns it off. It sheds calls as misses, so it applies only under ``degrade``.
     faults
         Inject delays and failures (off unless set).
     stack
         The layers inside validation (always outermost), outermost first: ``"degrade"``,
-        ``"metrics"``, ``"faults"`` (with ``faults`` set) and ``"module:Class"`` for a layer
-        of your own, a :class:`~hicache_storage.layers.ForwardingBackend` subclass called with
-        the backend it wraps. None (the default) is today's order from the flags above:
-        degrade, metrics, faults. With a stack, the flags stay at their defaults.
+        ``"health"`` (inside degrade, with ``health`` set), ``"metrics"``, ``"faults"`` (with
+        ``faults`` set) and ``"module:Class"`` for a layer of your own, a
+        :class:`~hicache_storage.layers.ForwardingBackend` subclass called with the backend it
+        wraps. None (the default) is today's order from the flags above: degrade, health,
+        metrics, faults. With a stack, the flags stay at their defaults.
     """
 
     metrics: bool = True
     degrade: bool = True
+    health: HealthConfig | None = HealthConfig()
     faults: FaultConfig | None = None
     stack: tuple[str, ...] | None = None
 
@@ -293,17 +325,26 @@ class LayerConfig(_Config, frozen=True):
             seen.add(entry)
         if ("faults" in seen) != (self.faults is not None):
             raise ValueError("stack names 'faults' exactly when faults is set")
+        if "health" in seen:
+            if self.health is None:
+                raise ValueError("stack names 'health' but health is off (null)")
+            if "degrade" not in self.stack[: self.stack.index("health")]:
+                raise ValueError(
+                    "'health' answers misses for a store that does not answer: name it inside "
+                    "(after) 'degrade' in stack"
+                )
 
     def layer_stack(self) -> tuple[str, ...]:
         """Return the layers inside validation, outermost first (:attr:`stack` resolved)."""
         if self.stack is not None:
             return self.stack
         flags = {"degrade": self.degrade, "metrics": self.metrics}
+        flags["health"] = self.degrade and self.health is not None
         flags["faults"] = self.faults is not None
         return tuple(name for name in BUILT_IN_LAYERS if flags[name])
 
 
-BUILT_IN_LAYERS = ("degrade", "metrics", "faults")
+BUILT_IN_LAYERS = ("degrade", "health", "metrics", "faults")
 """The layers :attr:`LayerConfig.stack` names by word, in their default order."""
 
 _LAYER_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
