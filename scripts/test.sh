@@ -13,6 +13,7 @@ bash scripts/setup-vllm.sh
 .venv/bin/ruff format --check .
 bash scripts/typecheck.sh
 bash scripts/docs.sh
+bash scripts/asan.sh  # the native I/O helper, built with AddressSanitizer, under its tests
 .venv/bin/python -m pytest "$@"
 # tests/vllm: real vLLM on CPU, in its own venv (the run above leaves that folder out). Engines log
 # a lot, so passed tests' output is not replayed.
