@@ -26,6 +26,7 @@ from hicache_storage.cli import main
 from hicache_storage.config import LayerConfig, check_duration, convert
 from hicache_storage.engine import build
 from hicache_storage.engine.build import check_memory, weight_bytes
+from hicache_storage.engine.cache import CacheConfig
 from hicache_storage.engine.model import LlamaModel, ModelConfig
 from hicache_storage.engine.policies import PrefetchTimeout
 from hicache_storage.errors import ConfigError
@@ -184,6 +185,22 @@ def test_prefetch_timeouts_are_bounded(field: str) -> None:
     PrefetchTimeout(**{field: 0.0})
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("switch_interval_s", 1e300),
+        ("switch_interval_s", math.inf),
+        ("close_timeout_s", 1e300),
+        ("load_max_gbps", math.nan),
+        ("backup_max_gbps", math.inf),
+        ("write_batch_bytes", (1 << 63) - 1),
+    ],
+)
+def test_cache_durations_sizes_and_rates_are_bounded(field: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=field):
+        CacheConfig(8, **{field: value})
+
+
 def _tensors(model: LlamaModel) -> list[torch.Tensor]:
     layers = [t for layer in model.layers for t in vars(layer).values()]
     return [model.embedding, model.final_norm, model.lm_head, *layers]
@@ -261,8 +278,6 @@ def test_on_a_gpu_the_device_and_the_host_are_checked_apart(
 
 
 def test_build_cache_checks_its_pools(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hicache_storage.engine.cache import CacheConfig
-
     shape = ModelConfig.tiny()
     monkeypatch.setattr(build, "host_memory_bytes", lambda: 64 * shape.kv_bytes_per_token)
     with pytest.raises(ConfigError, match="does not fit"):

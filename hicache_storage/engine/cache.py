@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hicache_storage.backend import StorageBackend
+from hicache_storage.config import check_duration
 from hicache_storage.errors import ConfigError, HostPoolError
 from hicache_storage.hostpool import HostKVPool, PageAllocator, UnifiedObjectPool
 from hicache_storage.kernels import CopyFence, DevicePool, KVTransfer
@@ -54,7 +55,7 @@ from hicache_storage.keys import (
     UnifiedPlan,
     logical_dtype,
 )
-from hicache_storage.kit.options import positive_int, share
+from hicache_storage.kit.options import MAX_BYTES, positive_int, share
 
 from .costs import CostModel
 from .errors import PoolMismatchError
@@ -302,18 +303,18 @@ class CacheConfig:
         check_nice(self.storage_nice, "storage_nice")
         share("write_backlog", self.write_backlog, ConfigError)
         check_linger(self.write_linger_s)
-        close = self.close_timeout_s
-        if isinstance(close, bool) or not isinstance(close, int | float) or not 0 < close < 1e6:
-            raise ConfigError(f"close_timeout_s must be a number in (0, 1e6), got {close!r}")
-        interval = self.switch_interval_s
-        if interval is not None and (
-            isinstance(interval, bool)
-            or not isinstance(interval, int | float)
-            or not 0 < interval < math.inf
-        ):
-            raise ConfigError(
-                f"switch_interval_s must be a positive number or None, got {interval!r}"
-            )
+        check_duration("close_timeout_s", self.close_timeout_s)
+        check_duration("switch_interval_s", self.switch_interval_s, allow_none=True)
+        if self.write_batch_bytes > MAX_BYTES:
+            raise ConfigError(f"write_batch_bytes must be at most {MAX_BYTES} (1 PiB)")
+        for name in ("load_max_gbps", "backup_max_gbps"):
+            rate = getattr(self, name)
+            if rate is not None and (
+                isinstance(rate, bool)
+                or not isinstance(rate, int | float)
+                or not 0 < rate < math.inf
+            ):
+                raise ConfigError(f"{name} must be a positive finite number or None, got {rate!r}")
         try:
             object.__setattr__(self, "write_policy", WritePolicy(self.write_policy))
             object.__setattr__(self, "prefetch_policy", PrefetchPolicy(self.prefetch_policy))
