@@ -41,14 +41,28 @@ process start-up, and the race checks are built to catch their bugs under this l
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, Report]]:
-    """Run the suite on every broken backend, ``RUNS_AT_ONCE`` at a time; exit code and report."""
+def reports(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> dict[str, tuple[int, Report]]:
+    """Run the suite on every selected broken backend, ``RUNS_AT_ONCE`` at a time.
+
+    Only the backends of the tests this session runs (``-k broken-racy-pool`` runs one); the
+    exit code and the report of each.
+    """
     root = tmp_path_factory.mktemp("teeth")
+    selected = {
+        item.callspec.params["backend"]
+        for item in request.session.items
+        if isinstance(item, pytest.Function)
+        and hasattr(item, "callspec")
+        and "backend" in item.callspec.params
+    }
     with pytest.MonkeyPatch.context() as env, ThreadPoolExecutor(RUNS_AT_ONCE) as pool:
         _plugin_env(env)
         runs = {
             name: pool.submit(_run, name, root / name, "-k", _selector(check))
             for name, check in CAUGHT_BY.items()
+            if name in selected
         }
         codes = {name: run.result() for name, run in runs.items()}
     return {name: (code, load_report(root / name / "report")) for name, code in codes.items()}

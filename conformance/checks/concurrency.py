@@ -1,18 +1,25 @@
 """Concurrency: threads sharing one instance see only complete, correct values.
 
 The racing checks are built to fail a buggy backend on every run, not now and then: the threads
-start together at a :class:`threading.Barrier`, every race is repeated over several rounds, and
-the readers poll for the whole time a write (or a delete) is in flight. They run without the
-degrade layer, so an error a reader gets is reported as the error it is, not hidden as a miss.
+start together at a :class:`threading.Barrier`, every race is repeated over several rounds, the
+readers poll for the whole time a write (or a delete) is in flight, and racing first calls step
+through the backend side by side, each thread giving up the GIL at every call it makes
+(:func:`run_together`). They run without the degrade layer, so an error a reader gets is
+reported as the error it is, not hidden as a miss.
 """
 
 # ruff: noqa: D102 - each check is named test_<what>_<condition>; the name is its doc
 from __future__ import annotations
 
+import contextlib
+import functools
+import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
 
 import msgspec
 
@@ -22,8 +29,109 @@ from hicache_storage.conformance.checks.common import KiB, MiB, _bytes, _indices
 from hicache_storage.conformance.factory import BackendFactory
 from hicache_storage.conformance.fixtures import Keyspace, cleanup
 from hicache_storage.conformance.workers import digest, make_value
+from hicache_storage.hostpool import HostKVPool
 
-__all__ = ["TestConcurrency", "TestFirstWins"]
+__all__ = ["TestConcurrency", "TestFirstWins", "first_call", "racing", "run_together"]
+
+RACE_SWITCH_INTERVAL_S = 1e-6
+"""The interpreter's thread switch interval while first calls race (its default is 5 ms)."""
+
+FIRST_CALL_ROUNDS = 4
+"""Fresh instances whose first calls race, one after another, in the first-calls check."""
+
+_Profiler = Callable[[FrameType, str, Any], object]
+
+
+@contextlib.contextmanager
+def racing() -> Iterator[None]:
+    """Make the interpreter hand the GIL to a waiting thread after 1 us instead of 5 ms."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(RACE_SWITCH_INTERVAL_S)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)
+
+
+def _yielding(previous: _Profiler | None) -> _Profiler:
+    """Return a profile function that gives up the GIL at every call (after ``previous``)."""
+
+    def hook(frame: FrameType, event: str, arg: Any) -> None:
+        if previous is not None:
+            previous(frame, event, arg)
+        if event in ("call", "c_call"):
+            time.sleep(0)  # releases the GIL: a waiting thread takes its turn
+
+    return hook
+
+
+def run_together(n: int, body: Callable[[int], None]) -> list[str]:
+    """Run ``body(i)`` in ``n`` threads released together, interleaving at every call.
+
+    Released from a barrier, threads leave it one at a time, and with the default 5 ms switch
+    interval each runs the few microseconds of an unlocked ``if self._pool is None:
+    self._pool = ThreadPoolExecutor(...)`` to its end before the next one gets there: such a
+    race almost never happens. Here every thread gives up the GIL at each function call it
+    makes (a profile function, for the call only) and the interpreter switches every
+    microsecond between (:func:`racing`), so the threads step through the backend's code side
+    by side and one that checks state another is still building sees it unbuilt: a
+    check-then-act races in nearly every run, whatever the machine's load. Return the
+    traceback of each call that raised.
+    """
+    barrier = threading.Barrier(n)
+
+    def released(i: int) -> None:
+        barrier.wait()
+        previous = sys.getprofile()
+        sys.setprofile(_yielding(previous))
+        try:
+            body(i)
+        finally:
+            sys.setprofile(previous)
+
+    with racing():
+        return _run_threads(n, released)
+
+
+FIRST_CALL_OPS = (
+    "get",
+    "get_into",
+    "exists",
+    "set",
+    "batch_get",
+    "batch_set",
+    "batch_exists",
+    "v1_get",
+    "v1_set",
+)
+"""The operations a fresh instance's racing first calls make, thread ``i`` the ``i``-th (cyclic)."""
+
+
+def first_call(instance: StorageBackend, pool: HostKVPool, k: Keyspace, stem: str, i: int) -> None:
+    """Make thread ``i``'s first call on ``instance``: a miss or a write of its own key.
+
+    A v1 call moves page ``i`` of ``pool``, which ``instance`` has registered.
+    """
+    key = k(f"{stem}{i}")
+    op = FIRST_CALL_OPS[i % len(FIRST_CALL_OPS)]
+    if op == "get":
+        assert instance.get(key) is None, f"get({key!r}) of a key never written hit"
+    elif op == "get_into":
+        assert instance.get(key, bytearray(3)) is None, f"get({key!r}, out) hit"
+    elif op == "exists":
+        assert instance.exists(key) is False, f"exists({key!r}) of a key never written"
+    elif op == "set":
+        assert instance.set(key, b"v%d" % i), f"set({key!r}) failed"
+    elif op == "batch_get":
+        assert instance.batch_get([key], [bytearray(3)]) == [False], f"batch_get([{key!r}])"
+    elif op == "batch_set":
+        assert instance.batch_set([key], [b"v%d" % i]) == [True], f"batch_set([{key!r}])"
+    elif op == "batch_exists":
+        assert instance.batch_exists([key]) == 0, f"batch_exists([{key!r}])"
+    elif op == "v1_get":
+        assert instance.batch_get_v1([key], _indices(pool, [i])) == [False], f"v1 get {key!r}"
+    else:
+        assert instance.batch_set_v1([key], _indices(pool, [i])) == [True], f"v1 set {key!r}"
 
 
 def _run_threads(n: int, body: Callable[[int], None]) -> list[str]:
@@ -308,39 +416,25 @@ class TestConcurrency:
     def test_first_calls_from_many_threads_on_a_fresh_instance(
         self, hicache_factory: BackendFactory, k: Keyspace
     ) -> None:
-        """32 threads start at once on a new instance, each with a different first operation.
+        """Per round a new instance takes 32 first calls at once, of every operation.
 
         Lazily built state (connections, label caches, pools) must be built under a lock: a
         race there raises only on a fresh instance, after the backend call itself succeeded.
+        The calls are released together and interleave at every call they make
+        (:func:`run_together`), on :data:`FIRST_CALL_ROUNDS` fresh instances.
         """
-        ops = ("get", "exists", "set", "batch_get", "batch_set", "batch_exists", "v1")
-        with hicache_factory() as instance:
-            pool = _pool("mha", "layer_first", pages=32)
-            instance.register_host_pool(pool)
-            barrier = threading.Barrier(32)
-
-            def first_call(i: int) -> None:
-                key = k(f"first{i}")
-                barrier.wait()
-                op = ops[i % len(ops)]
-                if op == "get":
-                    assert instance.get(key) is None
-                elif op == "exists":
-                    assert instance.exists(key) is False
-                elif op == "set":
-                    assert instance.set(key, b"v%d" % i)
-                elif op == "batch_get":
-                    assert instance.batch_get([key], [bytearray(3)]) == [False]
-                elif op == "batch_set":
-                    assert instance.batch_set([key], [b"v%d" % i]) == [True]
-                elif op == "batch_exists":
-                    assert instance.batch_exists([key]) == 0
-                else:
-                    assert instance.batch_set_v1([key], _indices(pool, [i])) == [True]
-
-            errors = _run_threads(32, first_call)
-            cleanup(hicache_factory, instance, k)
-        assert not errors, f"{len(errors)} first calls failed; the first:\n{errors[0]}"
+        for round_ in range(FIRST_CALL_ROUNDS):
+            with hicache_factory() as instance:
+                pool = _pool("mha", "layer_first", pages=32)
+                instance.register_host_pool(pool)
+                errors = run_together(
+                    32, functools.partial(first_call, instance, pool, k, f"first{round_}-")
+                )
+                cleanup(hicache_factory, instance, k)
+            assert not errors, (
+                f"{len(errors)} first calls on fresh instance {round_} failed; the first:\n"
+                f"{errors[0]}"
+            )
 
     def test_threads_mixed_ops_correct_bytes(self, backend: StorageBackend, k: Keyspace) -> None:
         shared = k.many("shared", 8)

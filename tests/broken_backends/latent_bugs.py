@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -178,8 +177,10 @@ class MissesCountedAsHits(CountsHits):
 class RacyLazyPool(FilePerKey):
     """Bug: the read worker pool is built on first use by an unlocked check-then-act.
 
-    First calls racing past the check each build a pool; the last one assigned is the one
-    ``close()`` shuts down, and the others (kept alive by their exit hooks) keep their threads.
+    Nothing slows the window down: it is the few microseconds of building the executor and
+    registering its exit hook. First calls that interleave there each build a pool; the last one
+    assigned is the one ``close()`` shuts down, and the others (kept alive by their exit hooks)
+    keep their threads.
     """
 
     def __init__(self, config: FilePerKeyConfig, deployment: Any = None) -> None:
@@ -188,9 +189,8 @@ class RacyLazyPool(FilePerKey):
 
     def _workers(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            time.sleep(0.01)  # the setup the check-then-act is meant to do once
             pool = ThreadPoolExecutor(4, thread_name_prefix="racy-pool")
-            atexit.register(pool.shutdown, wait=False)
+            atexit.register(pool.shutdown, wait=False)  # shut down even if close() never runs
             self._pool = pool
         return self._pool
 
