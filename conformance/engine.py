@@ -17,7 +17,10 @@ The cases, each a row of the :class:`EngineReport`:
     same storage.
 ``fresh_engine``
     A fresh engine (new pools; a new backend instance when the backend is ``shared``) must be
-    served from storage: storage hits, so pages made the round trip through L3.
+    served from storage: storage hits, so pages made the round trip through L3. The first
+    engine serves a short probe last; the fresh engine serves first, alone, the turn whose
+    leading pages the store holds, so nothing it writes evicts them before its read. A
+    ``bounded`` store that kept no turn's leading page (but keeps its last write) skips it.
 ``missing_pages``
     Stored pages deleted between two engines (``clear()`` without ``delete``): recomputed.
     Every page the engine stored must still be there to delete, unless the backend declares
@@ -33,6 +36,10 @@ The cases, each a row of the :class:`EngineReport`:
     With a :class:`~hicache_storage.kit.services.ServerControl`: the server is stopped (or
     paused) mid-run, every request still finishes in time, and after a restart storage serves
     again. ``server_pause`` needs a pausable control and runs only when named in ``cases``.
+
+The verdict does not depend on the machine's load: the check asserts only what it controls
+(storage threads at the process's priority, a ``timeout`` deadline far past any read in the
+policy cases, and the fresh engine's first read made before anything it writes).
 
 After every engine, the harness requires its threads gone, its radix tree consistent, no lock or
 pin left, and every device and host slot either indexed by the tree or free. Each case runs under
@@ -53,6 +60,7 @@ Each case writes under a key namespace of its own (the key scheme's model name,
 from __future__ import annotations
 
 import functools
+import random
 import secrets
 import threading
 import time
@@ -75,7 +83,7 @@ from hicache_storage.engine.policies import PrefetchPolicy, PrefetchTimeout, Wri
 from hicache_storage.engine.scheduler import Request
 from hicache_storage.engine.workloads import Conversation, MultiTurn
 from hicache_storage.errors import ConfigError, UnsupportedOperationError
-from hicache_storage.keys import RankSuffixScheme
+from hicache_storage.keys import RankSuffixScheme, page_hashes
 from hicache_storage.kit.services import PausableServerControl, ServerControl
 from hicache_storage.layers import ForwardingBackend
 
@@ -131,6 +139,17 @@ _LATE_S = 0.01
 
 _FAILURE_RATE = 0.3
 """Probability that a read, write or existence query fails in ``failed_loads``."""
+
+_PROBE = 2 * PAGE + 1
+"""Prompt tokens of ``fresh_engine``'s probe: with its answer, three pages."""
+
+_PROBE_SEED = 48
+"""Seeds the probe's tokens (none of the transcript's prefixes)."""
+
+_POLICY_TIMEOUT = PrefetchTimeout(base_s=30.0, per_page_s=0.0)
+"""The ``timeout`` policy's deadline in the policy cases: far past any read of a loaded
+machine, so the case checks the policy's path, not how fast the machine is (``late_pages``
+cuts fetches with a deadline of its own, on delays the fault layer controls)."""
 
 
 class LayeredFactory(Protocol):
@@ -227,7 +246,7 @@ class _Turn:
 
     @property
     def label(self) -> str:
-        return f"client {self.client} round {self.round}"
+        return "the probe" if self.client < 0 else f"client {self.client} round {self.round}"
 
 
 @functools.lru_cache(maxsize=4)
@@ -336,9 +355,19 @@ class _Case:
         prefetch: PrefetchPolicy = PrefetchPolicy.WAIT_COMPLETE,
         **config: Any,
     ) -> TierCache:
-        """Build a cache over fresh pools small enough to evict to the host and storage."""
+        """Build a cache over fresh pools small enough to evict to the host and storage.
+
+        The storage threads run at the process's priority (``storage_nice=None``,
+        ``idle_writes=False``): at the engine's defaults they yield to every other process, so on
+        a busy machine the writer all but stops, and what storage holds when a later request
+        asks would depend on the machine's load, not on the backend.
+        """
         longest = max(len(t.prompt) + len(t.expected) for r in self.transcript for t in r)
         device_tokens = max(DEVICE_TOKENS, -(-longest // PAGE) * PAGE)
+        config.setdefault("storage_nice", None)
+        config.setdefault("idle_writes", False)
+        if prefetch is PrefetchPolicy.TIMEOUT:
+            config.setdefault("prefetch_timeout", _POLICY_TIMEOUT)
         cache_config = CacheConfig(PAGE, write_policy=write, prefetch_policy=prefetch, **config)
         return build_cache(
             self.model.config,
@@ -423,9 +452,13 @@ def _policy(case: _Case, write: WritePolicy, prefetch: PrefetchPolicy) -> None:
     assert stats.pages_backed_up > 0, "the warm engine never evicted to the host (harness bug)"
     # best_effort waits for nothing: whether a page is still on the 12-page host pool when a
     # request asks for it depends on how fast the writes drain, so only the waiting policies
-    # must hit below the device.
-    assert prefetch is PrefetchPolicy.BEST_EFFORT or (
-        stats.host_hit_tokens + stats.storage_hit_tokens > 0
+    # must hit below the device; and only over a store that keeps what it was given (a bounded
+    # one may have evicted every page before it is asked again, and then the host's alone
+    # depend on the writes' pace).
+    assert (
+        prefetch is PrefetchPolicy.BEST_EFFORT
+        or backend.capabilities.bounded
+        or stats.host_hit_tokens + stats.storage_hit_tokens > 0
     ), "the warm engine never hit below the device (harness bug)"
     assert stats.pages_stored > 0, (
         f"no page was written to storage under {write.value} "
@@ -435,16 +468,48 @@ def _policy(case: _Case, write: WritePolicy, prefetch: PrefetchPolicy) -> None:
 
 
 def _fresh_engine(case: _Case) -> None:
+    """Require a fresh engine's first request, served alone, to read the stored leading pages.
+
+    Which pages a bounded store still holds when the first engine closes depends on how its
+    writes and reads interleaved, and a request served beside others may find pages that their
+    write-throughs evict before its read: neither is the backend's fault, and both depend on the
+    machine's load. So the first engine serves a short probe last, alone (its pages are the
+    last written: a least-recently-used store that holds a few pages holds those), the store is
+    asked which turn's leading pages it holds, and the fresh engine serves that turn alone
+    before the transcript: nothing of its own is written between its query and its read, and
+    every page it found must be read. A bounded store that holds no turn's leading page skips
+    the case (an unbounded one fails it).
+    """
+    tokens = random.Random(_PROBE_SEED).choices(range(case.model.config.vocab_size), k=_PROBE)
+    answer = tuple(case.model.generate_no_cache(tokens, 4))
+    probe = _Turn(client=-1, round=-1, prompt=tuple(tokens), expected=answer)
     backend = case.open()
-    first = case.serve(case.cache(backend), "first engine")
+    recorder = _Recorder(backend)
+    first = case.serve(case.cache(recorder), "first engine", [*case.transcript, [probe]])
     assert first.stats.pages_stored > 0, (
         f"the first engine stored no page ({first.stats.backups_failed} failed)"
     )
-    fresh = case.serve(case.cache(case.other(backend)), "fresh engine")
+    other = case.other(backend)
+    turns = [probe, *(turn for turns in case.transcript for turn in turns)]
+    held = [other.batch_exists(first.scheme.keys(page_hashes(t.prompt, PAGE))) for t in turns]
+    if max(held) == 0:
+        kept = other.batch_exists(recorder.stored[-1:])
+        assert backend.capabilities.bounded and kept, (
+            f"storage holds no leading page of any turn the first engine served "
+            f"({first.stats.pages_stored} pages stored; its last write "
+            f"{'kept' if kept else 'gone'})"
+        )
+        raise _Skip(
+            "the bounded store kept no turn's leading page for a fresh engine to read; its "
+            "last write is there and the answers matched"
+        )
+    lead = turns[held.index(max(held))]
+    fresh = case.serve(case.cache(other), "fresh engine", rounds=[[lead], *case.transcript])
     stats = fresh.stats
     assert stats.storage_hit_tokens > 0 and stats.pages_fetched > 0, (
-        f"a fresh engine over {first.stats.pages_stored} stored pages got no storage hit "
-        f"({stats.storage_misses} pages found but not read): nothing made the L3 round trip"
+        f"a fresh engine whose first request ({lead.label}) storage holds {max(held)} leading "
+        f"pages of got no storage hit ({stats.storage_misses} pages found but not read): "
+        "nothing made the L3 round trip"
     )
     case.totals["fresh_storage_hit_tokens"] = stats.storage_hit_tokens
 
