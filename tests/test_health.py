@@ -238,8 +238,15 @@ def test_what_does_not_trip_it(layers: LayerConfig) -> None:
         backend.close()
 
 
-def test_a_medium_error_does_not_trip_it() -> None:
-    store = HangingStore(error=BackendIOError)
+class RefusedLogin(BackendUnavailableError):
+    """The store answered: it refuses these credentials, and a retry cannot change that."""
+
+    retryable = False
+
+
+@pytest.mark.parametrize("error", [BackendIOError, RefusedLogin])
+def test_an_answer_that_is_an_error_does_not_trip_it(error: type[Exception]) -> None:
+    store = HangingStore(error=error)
     backend = apply_layers(store, LayerConfig(health=FAST))
     try:
         store.hung.set()

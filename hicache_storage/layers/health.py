@@ -13,9 +13,10 @@ The probe's deadline is the backend's own. The first probe the store answers (a 
 any error other than those two) marks it up again. Calls already in flight when the store goes
 down finish as they would have.
 
-A miss never trips it, and neither does an :class:`~hicache_storage.errors.InjectedFaultError`:
-a fault rule draws each call's failure on its own, and a breaker opened by one would turn a
-failure rate into an outage. The layer sits inside degrade: the call that trips it still raises
+A miss never trips it, nor does a refusal a retry cannot change (an error whose ``retryable``
+is false: a bad login, a missing bucket), nor an
+:class:`~hicache_storage.errors.InjectedFaultError`: a fault rule draws each call's failure on
+its own, and a breaker opened by one would turn a failure rate into an outage. The layer sits inside degrade: the call that trips it still raises
 on to degrade (an absorbed error, counted there), while the calls it sheds never reach the
 backend and are counted here instead.
 """
@@ -55,9 +56,15 @@ PROBE_KEY = "hicache-health-probe"
 
 
 def not_answering(exc: BaseException) -> bool:
-    """Whether ``exc`` says the store did not answer at all (a timeout or no connection)."""
-    return isinstance(exc, (BackendTimeoutError, BackendUnavailableError)) and not isinstance(
-        exc, InjectedFaultError
+    """Whether ``exc`` says the store did not answer (a timeout or no connection).
+
+    A refusal a retry cannot change (``retryable`` false: a bad login, a missing bucket) is
+    an answer, and so is an injected fault.
+    """
+    return (
+        isinstance(exc, (BackendTimeoutError, BackendUnavailableError))
+        and exc.retryable
+        and not isinstance(exc, InjectedFaultError)
     )
 
 

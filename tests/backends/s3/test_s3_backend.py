@@ -323,6 +323,10 @@ def test_restart_keeps_objects(
     s3_service.stop()
     assert backend.get("durable") is None  # down: a miss, not an error
     s3_service.start()
+    # the health layer answers misses until its probe finds the store back (within a second)
+    until = time.monotonic() + 10
+    while backend.get("durable") is None and time.monotonic() < until:
+        time.sleep(0.1)
     assert backend.get("durable") == b"survives a restart"
 
 

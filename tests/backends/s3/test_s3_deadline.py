@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from hicache_storage import StorageBackend, create_backend
+from hicache_storage import LayerConfig, StorageBackend, create_backend
 from hicache_storage.backends.s3 import S3Backend, S3Config
 from hicache_storage.errors import BackendTimeoutError, BackendUnavailableError
 from hicache_storage.hostpool import HostKVPool
@@ -75,7 +75,8 @@ def test_paused_gateway_every_call_misses_within_deadline(
     pool_bytes(source).copy_(torch.randint(0, 256, pool_bytes(source).shape, dtype=torch.uint8))
     target = make_pool("mha", "page_first", pages=2 * PAGES)
     keys = [f"p{i}" for i in range(PAGES)]
-    with create_backend("s3", paused_options) as backend:
+    # no health layer: every call must reach the paused gateway and end at its deadline
+    with create_backend("s3", paused_options, layers=LayerConfig(health=None)) as backend:
         backend.register_host_pool(source)
         assert backend.batch_set_v1(keys, page_indices(source, range(PAGES))) == [True] * PAGES
         assert backend.set("up", b"before the pause")
@@ -317,7 +318,8 @@ def test_abandoned_write_sends_the_value_as_it_was() -> None:
 
     with fake_store(slow_reader, read_body=False) as store:
         options = _options(store, deadline_s=0.3, read_timeout_s=1.0, conditional_put=True)
-        with create_backend("s3", options) as backend:
+        # no health layer: its probe would be one more request to this store
+        with create_backend("s3", options, layers=LayerConfig(health=None)) as backend:
             value = bytearray(b"A" * size)
             elapsed, result = timed(lambda: backend.set("k", value))
             value[:] = b"B" * size  # the caller reuses its buffer at once

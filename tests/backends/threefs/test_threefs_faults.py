@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from hicache_storage import create_backend
+from hicache_storage import LayerConfig, create_backend
 from hicache_storage.backends.threefs import ThreeFSBackend, ThreeFSConfig
 from hicache_storage.backends.threefs.metadata import Geometry
 from hicache_storage.backends.threefs.metadata_http import HttpMetadata
@@ -123,6 +123,9 @@ def test_writer_killed_mid_write_is_never_read(
         meta.close()
 
 
+NO_HEALTH = LayerConfig(health=None)
+
+
 def bare(options: dict[str, Any]) -> ThreeFSBackend:
     return ThreeFSBackend(msgspec.convert(options, ThreeFSConfig))
 
@@ -132,7 +135,8 @@ def test_killed_service_fails_fast_then_recovers(
 ) -> None:
     options = {"path": str(tmp_path / "kv"), **GEOMETRY, **private_service.options}
     backend = bare({**options, "timeout_s": TIMEOUT_S})
-    layered = create_backend("3fs", {**options, "timeout_s": TIMEOUT_S})
+    # without health: every call here reaches the service (tests/test_health.py has the rest)
+    layered = create_backend("3fs", {**options, "timeout_s": TIMEOUT_S}, layers=NO_HEALTH)
     try:
         assert backend.set("before", b"stored before the kill")
         pid = private_service.state.processes[0].pid

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from hicache_storage import create_backend
+from hicache_storage import LayerConfig, create_backend
 from hicache_storage.backends.threefs.metadata import Geometry
 from hicache_storage.backends.threefs.metadata_http import (
     MAX_BODY_BYTES,
@@ -230,6 +230,7 @@ def test_backend_turns_nonsense_into_a_counted_miss(
             "metadata_url": fake.url,
             "timeout_s": 5.0,
         },
+        layers=LayerConfig(health=None),  # each nonsense answer reaches the backend
     )
     try:
         assert backend.get("a") is None
