@@ -364,12 +364,17 @@ class HiCacheConfig(_Config, frozen=True):
         Facts about this rank.
     layers
         Layer settings.
+    strict_start
+        Fail :func:`~hicache_storage.open_backend` (and so an engine's start-up) when the
+        store cannot be reached. False (the default) starts without it: every call a counted
+        miss while a background thread attaches it once it answers (``docs/layers.md``).
     """
 
     backend: str = "file"
     options: dict[str, Any] = {}
     deployment: Deployment = Deployment()
     layers: LayerConfig = LayerConfig()
+    strict_start: bool = False
 
     def __repr__(self) -> str:
         return redacted_repr(self)

@@ -7,8 +7,9 @@ from typing import Any
 
 from .backend import StorageBackend
 from .config import Deployment, HiCacheConfig, LayerConfig, convert, load_config, read_source
-from .errors import ConfigError
+from .errors import BackendTimeoutError, BackendUnavailableError, ConfigError
 from .layers import (
+    AttachingBackend,
     DegradeLayer,
     FaultInjectionLayer,
     ForwardingBackend,
@@ -56,6 +57,18 @@ def _layer(name: str, inner: StorageBackend, layers: LayerConfig) -> StorageBack
     if name == "faults":
         assert layers.faults is not None  # LayerConfig checks that the stack and faults agree
         return FaultInjectionLayer(inner, layers.faults)
+    built: StorageBackend = _layer_class(name)(inner)
+    return built
+
+
+def _layer_class(name: str) -> type[ForwardingBackend]:
+    """Import the layer class a stack names by ``"module:Class"``.
+
+    Raises
+    ------
+    ConfigError
+        If it cannot be imported or is not a layer.
+    """
     module_name, _, attribute = name.partition(":")
     try:
         layer = getattr(importlib.import_module(module_name), attribute)
@@ -66,8 +79,7 @@ def _layer(name: str, inner: StorageBackend, layers: LayerConfig) -> StorageBack
             f"layer {name!r} is not a layer: name a subclass of "
             "hicache_storage.layers.ForwardingBackend"
         )
-    built: StorageBackend = layer(inner)
-    return built
+    return layer
 
 
 def create_backend(
@@ -76,6 +88,7 @@ def create_backend(
     *,
     deployment: Deployment | None = None,
     layers: LayerConfig | None = None,
+    strict_start: bool = True,
 ) -> StorageBackend:
     """Build backend ``name`` from its options and wrap it in the default layers.
 
@@ -90,6 +103,10 @@ def create_backend(
         Facts about this rank; defaults to a single-rank deployment.
     layers
         Which layers to apply; defaults to validation, degrade-to-miss, health and metrics.
+    strict_start
+        Whether a store that cannot be reached fails the call (the default). False returns an
+        :class:`~hicache_storage.layers.AttachingBackend` instead: every call a counted miss
+        until a background thread has built the backend, once the store answers.
 
     Raises
     ------
@@ -98,7 +115,10 @@ def create_backend(
     MissingDependencyError
         If the backend's client library is missing; the message names the pip extra.
     ConfigError
-        If an option is unknown, of the wrong type or out of range.
+        If an option is unknown, of the wrong type or out of range, or a layer the stack names
+        cannot be loaded.
+    BackendUnavailableError, BackendTimeoutError
+        With ``strict_start``, if the backend checks its store when built and it does not answer.
     """
     spec = get_spec(name)
     schema = spec.load_config_type()
@@ -107,17 +127,43 @@ def create_backend(
         if isinstance(config, schema)
         else convert(read_source(config), schema, f"{name} backend options")
     )
-    backend = spec.build(options, deployment or Deployment())
-    return apply_layers(backend, layers)
+    deployment = deployment or Deployment()
+    layers = layers or LayerConfig()
+    for layer in layers.layer_stack():
+        if ":" in layer:
+            _layer_class(layer)  # a bad layer is a bad config even while the store is down
+
+    def build() -> StorageBackend:
+        backend = spec.build(options, deployment)
+        try:
+            return apply_layers(backend, layers)
+        except BaseException:
+            backend.close()
+            raise
+
+    try:
+        return build()
+    except (BackendUnavailableError, BackendTimeoutError) as exc:
+        if strict_start:
+            raise
+        return AttachingBackend(
+            build, name=name, capabilities=spec.capabilities, error=exc, backoff=layers.health
+        )
 
 
 def open_backend(config: Any = None) -> StorageBackend:
     """Build the backend a whole :class:`~hicache_storage.config.HiCacheConfig` describes.
 
     ``config`` is anything :func:`~hicache_storage.config.load_config` accepts; the environment
-    overrides it.
+    overrides it. A store that cannot be reached fails the call only with ``strict_start: true``;
+    otherwise the backend starts detached and attaches once the store answers (see
+    :func:`create_backend`). The SGLang adapter and the vLLM tier start through here.
     """
     loaded = config if isinstance(config, HiCacheConfig) else load_config(config)
     return create_backend(
-        loaded.backend, loaded.options, deployment=loaded.deployment, layers=loaded.layers
+        loaded.backend,
+        loaded.options,
+        deployment=loaded.deployment,
+        layers=loaded.layers,
+        strict_start=loaded.strict_start,
     )

@@ -330,7 +330,9 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
         If the extra config is malformed, names unknown keys or an unknown backend, or the
         deployment has no key definition (decode context parallelism, split heads).
     BackendError
-        If the backend cannot be reached when it is built.
+        With ``"strict_start": true``, if the backend cannot be reached when it is built;
+        otherwise the adapter starts with the store detached (every call a counted miss,
+        logged as an error) and attaches it once it answers.
     """
 
     def __init__(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .attach import AttachingBackend
 from .base import ForwardingBackend
 from .degrade import DegradeLayer
 from .faults import FaultInjectionLayer
@@ -10,6 +11,7 @@ from .metrics import MetricsLayer
 from .validation import ValidationLayer
 
 __all__ = [
+    "AttachingBackend",
     "DegradeLayer",
     "FaultInjectionLayer",
     "ForwardingBackend",

@@ -16,7 +16,7 @@ __all__ = ["LOCALITIES", "TIER_KEYS", "TierSettings", "tier_settings"]
 LOCALITIES = ("LOCAL", "REMOTE")
 """vLLM's tier localities (``vllm.v1.kv_offload.base.Locality``)."""
 
-_OUR_KEYS = frozenset({"backend", "options", "layers", "config"})
+_OUR_KEYS = frozenset({"backend", "options", "layers", "strict_start", "config"})
 _TIER_OPTIONS = frozenset({"read_threads", "write_threads", "locality"})
 TIER_KEYS = _OUR_KEYS | _TIER_OPTIONS
 """Keys a ``secondary_tiers`` entry may hold besides vLLM's ``type``, ``module_path`` and
@@ -50,8 +50,8 @@ def tier_settings(entry: Mapping[str, Any]) -> TierSettings:
     """Read a ``secondary_tiers`` entry (vLLM's keys already removed).
 
     ``config`` (a whole hicache-storage config: JSON, ``@path`` or a mapping) is read first and
-    the inline ``backend``/``options``/``layers`` override it; ``HICACHE_*`` environment
-    variables override both, as in :func:`~hicache_storage.config.load_config`.
+    the inline ``backend``/``options``/``layers``/``strict_start`` override it; ``HICACHE_*``
+    environment variables override both, as in :func:`~hicache_storage.config.load_config`.
 
     Raises
     ------

@@ -199,9 +199,11 @@ class HiCacheTier(SecondaryTierManager):  # type: ignore[misc]  # vLLM ships no 
     vLLM builds it from a ``secondary_tiers`` entry; the entry's keys other than vLLM's are
     :data:`~hicache_storage.integrations.vllm.config.TIER_KEYS`. Construction fails before
     serving starts with :class:`~hicache_storage.errors.ConfigError` (unknown keys, bad options,
-    an unknown backend, unstable block hashes),
-    :class:`~hicache_storage.errors.MissingDependencyError` (naming the extra to install), or
-    the backend's own error where it checks its server at start (Redis, Mooncake).
+    an unknown backend, unstable block hashes) or
+    :class:`~hicache_storage.errors.MissingDependencyError` (naming the extra to install). A
+    store that cannot be reached does not fail it: the tier starts with the store detached
+    (every lookup a counted miss, logged as an error) and attaches it once it answers, unless
+    the entry says ``"strict_start": true`` (then the backend's own error fails start-up).
     """
 
     medium: ClassVar[Medium] = Medium.STORAGE
