@@ -59,6 +59,7 @@ from hicache_storage.kit.options import MAX_BYTES, positive_int, share
 
 from .costs import CostModel
 from .errors import PoolMismatchError
+from .health import Bypass, bypass
 from .loading import EarlyLoad, LayerLoad, LoadTiming
 from .policies import (
     FetchView,
@@ -93,12 +94,6 @@ _COPY_PAYS = 0.25
 """Share of those copies hit on the host at which a copy into a full host is worth making: a
 hit saves a storage read of the page (0.4-0.5 ms for 8 MiB on the H200), a copy costs a
 device→host transfer on the forward's stream (about 0.16 ms) and the host page it evicts."""
-
-_BYPASS_FACTOR = 4.0
-"""How many times slower than recomputing a page the store must read one back before the
-``adaptive`` policy stops asking it and writing to it (:meth:`TierCache._bypassed`). Above
-one, so that a store near the break-even, whose pages pay once the read queue is short or
-the batch is large, stays in use."""
 
 _INLINE_QUERY_S = 0.001
 """Existence queries measured this quick (or within 2 % of a forward) are asked in the
@@ -372,7 +367,10 @@ class CacheStats:
     than it is computed, so no write is worth a wait (``TierCache._writes_pay``)."""
     writes_shed: int = 0
     """Write-throughs (and writes of evicted host pages) not made under ``adaptive`` while the
-    store was bypassed (``TierCache._bypassed``)."""
+    store was bypassed (``TierCache._bypassed``), and queued backups the writer dropped."""
+    writes_shed_failing: int = 0
+    """Of ``writes_shed``, those shed because the store was failing (its recent calls delivered
+    nothing); the rest, because it read back far slower than recompute."""
     calls_abandoned: int = 0
     """Storage threads still in a backend call when ``close`` stopped waiting for them
     (``CacheConfig.close_timeout_s``)."""
@@ -525,6 +523,7 @@ class TierCache:
                 costs=self.costs,
                 nice=config.storage_nice,
                 idle_writes=config.idle_writes,
+                shed_failing=config.prefetch_policy is PrefetchPolicy.ADAPTIVE,
                 pool=registered,
             )
             if config.switch_interval_s is not None:
@@ -1378,34 +1377,27 @@ class TierCache:
         )
 
     def _bypassed(self) -> bool:
-        """Whether ``adaptive`` leaves storage alone: it reads pages back far slower than computed.
+        """Whether ``adaptive`` leaves storage alone (:func:`~.health.bypass`).
 
-        Such a store serves no fetch (each is priced out), yet asking it costs every request an
-        existence query and its bookkeeping, and writing to it costs host room, the writer's
-        share of the cores and the store's bandwidth, for pages nobody will read. So while a
-        page reads back :data:`_BYPASS_FACTOR` times slower than recomputing it, nothing is
-        asked or written. The rate is the measured one; before any read has returned, the first
-        read in flight so far (one slow call among measured fast ones bypasses nothing). It is
-        forgotten :data:`~hicache_storage.engine.costs.READ_TTL_S` after the last read returned,
-        and the next fetch measures the store again. Measured on two cores with a store made
-        slow (1 s a read): the scheduler thread's time beyond the host-only cache's fell from
-        24-45 to 2-24 ms a run. SGLang's prefetch policies keep their meaning: every page is
-        asked for and written.
+        Nothing is asked or written while it fails or reads pages back far slower than they
+        compute. SGLang's prefetch policies keep their meaning: every page is asked for and
+        written.
         """
+        return self._bypass() is not None
+
+    def _bypass(self) -> Bypass | None:
         if self.config.prefetch_policy is not PrefetchPolicy.ADAPTIVE:
-            return False
-        page = self.config.page_size
-        recompute = self.costs.recompute_cost_s(page)
-        per_page = self.costs.read_s_per_page
-        if per_page is None:  # unmeasured: the first read in flight is the evidence
-            per_page = self._in_flight_s_per_page()
-        return recompute is not None and per_page > _BYPASS_FACTOR * recompute
+            return None
+        return bypass(self.costs, self.config.page_size, self._in_flight_s_per_page())
 
     def _shed_write(self) -> bool:
-        """:meth:`_bypassed`, counting the write not made (``writes_shed``)."""
-        shed = self._bypassed()
-        self.stats.writes_shed += shed
-        return shed
+        """:meth:`_bypassed`, counting the write not made (``writes_shed``, with its reason)."""
+        reason = self._bypass()
+        if reason is None:
+            return False
+        self.stats.writes_shed += 1
+        self.stats.writes_shed_failing += reason is Bypass.FAILING
+        return True
 
     # -- moves between tiers ----------------------------------------------------------------------
 
@@ -1645,7 +1637,11 @@ class TierCache:
             self.host_pool.free(staging)
         pages = len(hashes)
         if not done.stored:
-            self.stats.backups_failed += pages
+            if done.shed:  # the store was failing: its writer dropped the backup untried
+                self.stats.writes_shed += 1
+                self.stats.writes_shed_failing += 1
+            else:
+                self.stats.backups_failed += pages
             self._write_failed.add(node.id)
             return
         self._write_failed.discard(node.id)

@@ -27,6 +27,13 @@ and exponentially weighted means of
   request's pages costs that many times their compute (:meth:`CostModel.recompute_cost_s`), while
   waiting for its reads delays that request alone.
 
+A call that delivered nothing is a measurement too: a read that brought no page, and, while no
+read has delivered one lately, a write that stored nothing (a store in an outage is never read
+from, since its queries find nothing, so its failing writes are the only evidence of it). Such a
+call counts as a read of no page in its seconds, an infinite rate a page
+(:attr:`CostModel.failing`): a store that never succeeds is priced out as surely as a slow one,
+where it would otherwise never be measured at all.
+
 Every estimate is None until its first sample: the policy then treats what it cannot price as
 free to try but bounded by what recomputing costs, so a store is never waited on for longer than
 it would take to compute its pages. The read rate is also forgotten once no read has returned
@@ -38,6 +45,7 @@ storage threads and the scheduler update it concurrently; a lock makes each upda
 from __future__ import annotations
 
 import collections
+import math
 import statistics
 import threading
 import time
@@ -144,6 +152,23 @@ class CostModel:
                 self._reads.append(seconds / pages)
                 self._read_at = now
 
+    def observe_failure(self, *, write: bool = False) -> None:
+        """Record a call that delivered nothing: a read sample of infinite seconds a page.
+
+        A failed ``write`` counts only while no read has delivered a page within
+        :data:`READ_TTL_S`: a store whose reads serve while its writes fail (one mounted
+        read-only) is still read from.
+        """
+        now = self._clock()
+        with self._lock:
+            stale = now - self._read_at > READ_TTL_S
+            if stale:
+                self._reads.clear()  # a fresh measurement, not one with the stale samples
+            if write and any(math.isfinite(sample) for sample in self._reads):
+                return
+            self._reads.append(math.inf)
+            self._read_at = now
+
     def observe_query(self, seconds: float, *, asked: int = 0, found: int = 0) -> None:
         """Record an existence query that took ``seconds``, finding ``found`` of ``asked`` pages."""
         if seconds >= 0:
@@ -173,13 +198,20 @@ class CostModel:
     def read_s_per_page(self) -> float | None:
         """Seconds a page takes at the store's whole rate (a call's share of the calls beside it).
 
-        The median of the last :data:`READ_SAMPLES` calls; None before the first read returned
-        and once none has for :data:`READ_TTL_S`.
+        The median of the last :data:`READ_SAMPLES` calls (a call that delivered nothing counts
+        as infinite: :meth:`observe_failure`); None before the first read returned and once
+        none has for :data:`READ_TTL_S`.
         """
         with self._lock:
             if not self._reads or self._clock() - self._read_at > READ_TTL_S:
                 return None
             return statistics.median(self._reads)
+
+    @property
+    def failing(self) -> bool:
+        """Whether the measured rate is a failure's: most recent calls delivered nothing."""
+        rate = self.read_s_per_page
+        return rate is not None and math.isinf(rate)
 
     @property
     def query_s(self) -> float | None:

@@ -159,7 +159,8 @@ def _fetch_eta_s(view: FetchView, costs: CostModel) -> float:
         eta += max((costs.query_s or 0.0) - view.elapsed_s, 0.0)
     remaining = view.target_pages - view.read_pages
     per_page = max(costs.read_s_per_page or 0.0, view.in_flight_s_per_page)
-    read = (remaining + view.queued_pages) * per_page
+    pending = remaining + view.queued_pages
+    read = pending * per_page if pending > 0 else 0.0  # a failing store's rate is infinite
     if view.call_pages > 0:
         read = max(read, remaining / view.call_pages * view.call_s)
     return eta + read
@@ -188,7 +189,7 @@ def fetch_pays(
     per_page = max(costs.read_s_per_page or 0.0, in_flight_s_per_page)
     if recompute is None or per_page == 0.0:
         return True
-    return (pages + queued_pages) * per_page < recompute
+    return pages + queued_pages > 0 and (pages + queued_pages) * per_page < recompute
 
 
 def adaptive_wait_s(

@@ -326,10 +326,12 @@ class Backup:
 
 @dataclass(frozen=True)
 class BackupDone:
-    """The outcome of a :class:`Backup`: whether every page was written."""
+    """The outcome of a :class:`Backup`: whether every page was written, or it was shed."""
 
     backup: Backup
     stored: bool
+    shed: bool = False
+    """Not written, nor tried: the store was failing when the writer came to it."""
 
 
 class StorageIO:
@@ -373,6 +375,11 @@ class StorageIO:
         writer still takes a share of a core from a forward that fills them all. When host
         room waits on the writes, the scheduler's thread blocks, which frees its core for
         them. Queries and reads, which requests wait on, keep ``nice``.
+    shed_failing
+        Drop, unwritten, the queued backups the writer comes to while ``costs`` says the store
+        is failing (:attr:`CostModel.failing <hicache_storage.engine.costs.CostModel.failing>`):
+        each would only wait out a deadline, pinning its host pages meanwhile. Reported with
+        ``shed`` set.
     pool
         The host pool the caller registered with ``backend``. A backend addresses one
         registered pool; if another user of the same backend object registers its own, every
@@ -394,6 +401,7 @@ class StorageIO:
         costs: CostModel | None = None,
         nice: int | None = None,
         idle_writes: bool = False,
+        shed_failing: bool = False,
         pool: HostPool | None = None,
     ) -> None:
         check_nice(nice)
@@ -413,6 +421,7 @@ class StorageIO:
         self.write_batch_pages = write_batch_pages
         self.write_linger_s = write_linger_s
         self.costs = costs
+        self.shed_failing = shed_failing
         self._objects = object_indices
         self.refused_backups = 0
         self._queries: queue.Queue[object] = queue.Queue()
@@ -751,15 +760,17 @@ class StorageIO:
             with self._live() as live:
                 if not live:  # close gave up on this call: its fetch is no longer the caller's
                     return
+                ok_keys = next((i for i, ok in enumerate(got) if not ok), len(got))
+                if self.costs is not None and (error is not None or ok_keys < kpp):
+                    self.costs.observe_failure()  # no page in the call's time
+                elif self.costs is not None:
+                    with self._read_ready:
+                        beside = (calls + self._calls) / 2
+                    self.costs.observe_read(ok_keys // kpp, (time.monotonic() - began) / beside)
                 if error is not None:
                     self._failed(f"read of {end - first} pages", error)
                     fetch._fail(first)
                     return
-                if self.costs is not None:
-                    with self._read_ready:
-                        beside = (calls + self._calls) / 2
-                    self.costs.observe_read(end - first, (time.monotonic() - began) / beside)
-                ok_keys = next((i for i, ok in enumerate(got) if not ok), len(got))
                 fetch._read(first, ok_keys // kpp, ok_keys == len(got) == (end - first) * kpp)
         finally:
             with self._read_ready:
@@ -789,13 +800,16 @@ class StorageIO:
         called, :data:`HURRY_FACTOR` times as many. Small backups share a call up to that bound
         (a call's fixed work, in the layers and the backend, is paid once for them); a job's
         pages after one that failed are not written, nor anything once :meth:`close` abandoned
-        the writer (the host slots are no longer the caller's to read).
+        the writer (the host slots are no longer the caller's to read) or while the store is
+        failing (:meth:`_shedding`). A call that stored nothing is a failure the cost model
+        counts (:meth:`CostModel.observe_failure
+        <hicache_storage.engine.costs.CostModel.observe_failure>`).
         """
         stored = [job.pages > 0 for job in jobs]
         cursor = [0] * len(jobs)  # pages of each job handed to a call so far
         pending = [i for i, ok in enumerate(stored) if ok]
         self._check_pool()
-        while pending and not self._abandoned:
+        while pending and not self._abandoned and not self._shedding():
             room = self._batch_pages()
             parts: list[tuple[int, int, int]] = []  # (job, first page, end page)
             for i in pending:
@@ -817,6 +831,8 @@ class StorageIO:
             except Exception as exc:  # noqa: BLE001 - not stored; the writer goes on (a bug: check())
                 self._failed(f"backup of {len(keys)} keys", exc)
                 done = []
+            if self.costs is not None and not any(done):
+                self.costs.observe_failure(write=True)
             at = 0
             for i, first, end in parts:
                 count = (end - first) * jobs[i].keys_per_page
@@ -825,7 +841,11 @@ class StorageIO:
                 cursor[i] = end
                 stored[i] = stored[i] and ok
             pending = [i for i in pending if stored[i] and cursor[i] < jobs[i].pages]
-        return [ok and not self._abandoned for ok in stored]
+        return [ok and cursor[i] == jobs[i].pages for i, ok in enumerate(stored)]
+
+    def _shedding(self) -> bool:
+        """Whether queued backups are dropped unwritten: ``shed_failing`` and a failing store."""
+        return self.shed_failing and self.costs is not None and self.costs.failing
 
     def _write_loop(self) -> None:
         stop = False
@@ -850,11 +870,15 @@ class StorageIO:
                     jobs.append(more)
                     pages += more.pages
                 self._writing_now[:] = jobs
+            shed = self._shedding()
             try:
-                for job in jobs:
-                    if job.ready is not None:
-                        job.ready()
-                outcomes = self._write(jobs)
+                if shed:
+                    outcomes = [False] * len(jobs)
+                else:
+                    for job in jobs:
+                        if job.ready is not None:
+                            job.ready()
+                    outcomes = self._write(jobs)
             except Exception as exc:  # noqa: BLE001 - not stored; the writer goes on (a bug: check())
                 self._failed(f"backup of {sum(len(job.keys) for job in jobs)} keys", exc)
                 outcomes = [False] * len(jobs)
@@ -867,7 +891,8 @@ class StorageIO:
                     return
                 self._writing_now.clear()
                 self._done.extend(
-                    BackupDone(job, stored) for job, stored in zip(jobs, outcomes, strict=True)
+                    BackupDone(job, stored, shed=shed)
+                    for job, stored in zip(jobs, outcomes, strict=True)
                 )
                 self._done_ready.notify_all()
 
