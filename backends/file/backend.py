@@ -639,8 +639,8 @@ class FileBackend(StorageBackend):
         with self._meta_lock:
             self._meta.clear()
         if unlisted:
-            directory, exc = unlisted[0]
-            raise _io_error(f"clear {directory!r}", exc) from exc
+            directory, error = unlisted[0]
+            raise _io_error(f"clear {directory!r}", error) from error
 
     def stats(self) -> dict[str, Any]:
         """Return the base stats plus the index: objects, bytes, evictions, evicted_bytes."""
@@ -926,13 +926,13 @@ class FileBackend(StorageBackend):
             if not stat.S_ISREG(info.st_mode):
                 continue
             found.append((info.st_mtime_ns, key, max(info.st_size - self._record, 0)))
-        for directory, exc in dict(unlisted).items():  # once a directory
+        for directory, error in dict(unlisted).items():  # once a directory
             logger.warning(
                 "file backend at %s: cannot list %s (%s); its objects are not indexed, every "
                 "other directory is served",
                 self.root,
                 directory,
-                exc,
+                error,
             )
         with self._meta_lock:
             self._unlisted.update(directory for directory, _ in unlisted)

@@ -400,9 +400,9 @@ class FsspecBackend(StorageBackend):
         """
         if self.kind == "local" and not strict and len(keys) > 1:
             return self._read_local(keys, pages)
+        hits = [False] * len(keys)
+        failures: dict[int, HiCacheError] = {}
         if self.kind in ("local", "memory"):
-            hits = [False] * len(keys)
-            failures: dict[int, HiCacheError] = {}
             for i, (key, views) in enumerate(zip(keys, pages, strict=True)):
                 try:
                     hits[i] = self._read_one(key, views, strict)
@@ -413,8 +413,6 @@ class FsspecBackend(StorageBackend):
             return _per_key(hits, failures)
         calls = [(self.paths.path(key),) for key in keys]
         results = self._remote("read", "cat_file", calls, self._deadline())
-        hits = [False] * len(keys)
-        failures: dict[int, HiCacheError] = {}
         for i, (key, data, views) in enumerate(zip(keys, results, pages, strict=True)):
             if not isinstance(data, BaseException):
                 hits[i] = _fill(key, data, len(data), views, strict)

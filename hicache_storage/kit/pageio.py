@@ -239,7 +239,7 @@ def check_batch(
         if items is not None and len(items) != n:
             raise ValueError(f"paths and {name} must align: got {n} paths, {len(items)} {name}")
     for path in (*paths, *(temps or ())):
-        if ("\x00" if isinstance(path, str) else b"\x00") in path:
+        if (path.find("\x00") if isinstance(path, str) else path.find(b"\x00")) >= 0:
             raise ValueError(f"a path must not contain a NUL byte: {path!r}")
 
 
