@@ -19,7 +19,10 @@ class BackendFactory:
 
     Every call opens a new instance over the *same* store, which is how the suite checks
     persistence (close, then reopen) and sharing (another process opens its own instance).
-    Instances come wrapped in the default layers, exactly as users get them.
+    Instances come wrapped in the default layers as users get them, except the verify layer:
+    the contract's checks mix value and page calls (a value ``set`` is read back as a page),
+    and only pages written through the verify layer carry the record it checks, so
+    ``TestEndToEnd`` turns it on where it checks it.
 
     Attributes
     ----------
@@ -29,12 +32,12 @@ class BackendFactory:
         The backend's options (anything :func:`~hicache_storage.create_backend` accepts, as a
         plain mapping so the recipe pickles).
     layers
-        Layer settings; the default stack unless a check needs another.
+        Layer settings; the default stack without verify unless a check needs another.
     """
 
     name: str
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    layers: LayerConfig = dataclasses.field(default_factory=LayerConfig)
+    layers: LayerConfig = dataclasses.field(default_factory=lambda: LayerConfig(verify=False))
 
     @classmethod
     def from_source(cls, name: str, source: Any = None) -> BackendFactory:

@@ -13,7 +13,8 @@ I/O, model-sized pages, native zero-copy, unified objects, buffer sizes),
 ``bad_input``, ``lifecycle``, ``close_race`` (``close()`` under load), ``concurrency``,
 ``sharing`` (several processes, persistence),
 ``capacity`` (bounds, delete), ``stats``, ``crash``, ``faults`` (injected and server faults),
-``deadline`` (nothing a call does after it returned),
+``deadline`` (nothing a call does after it returned), ``endtoend`` (page hits verified
+against the bytes written for their keys),
 ``resources`` (descriptors and threads on error paths and racing first calls), ``integrity``
 (corrupted bytes are misses, reused identities), ``formats`` (a reader of another model format
 never hits), ``isolation`` (namespaces, secrets) and ``model``
@@ -64,6 +65,7 @@ from hicache_storage.conformance.checks.faults import (
     TestServerFaults,
 )
 from hicache_storage.conformance.checks.deadline import TestNothingAfterReturn
+from hicache_storage.conformance.checks.endtoend import TestEndToEnd
 from hicache_storage.conformance.checks.integrity import TestIntegrity, TestIdentityReuse
 from hicache_storage.conformance.checks.formats import TestObjectFormats
 from hicache_storage.conformance.checks.isolation import TestNamespaces, TestSecrets
@@ -103,6 +105,7 @@ __all__ = [
     "TestMediumFaults",
     "TestServerFaults",
     "TestNothingAfterReturn",
+    "TestEndToEnd",
     "TestIntegrity",
     "TestIdentityReuse",
     "TestObjectFormats",

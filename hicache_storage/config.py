@@ -289,20 +289,25 @@ class LayerConfig(_Config, frozen=True):
         Once a call finds the store not answering (a timeout, no connection), answer every call
         at once as a miss and probe the store in the background until it answers; ``None``
         turns it off. It sheds calls as misses, so it applies only under ``degrade``.
+    verify
+        Check every page a v1 read answers as a hit against the integrity record its writer
+        stored beside it (:mod:`hicache_storage.layers.verify`): a page whose bytes are not the
+        ones written for its key is a counted miss, whatever the backend answered.
     faults
         Inject delays and failures (off unless set).
     stack
         The layers inside validation (always outermost), outermost first: ``"degrade"``,
-        ``"health"`` (inside degrade, with ``health`` set), ``"metrics"``, ``"faults"`` (with
-        ``faults`` set) and ``"module:Class"`` for a layer of your own, a
+        ``"health"`` (inside degrade, with ``health`` set), ``"metrics"``, ``"verify"``,
+        ``"faults"`` (with ``faults`` set) and ``"module:Class"`` for a layer of your own, a
         :class:`~hicache_storage.layers.ForwardingBackend` subclass called with the backend it
         wraps. None (the default) is today's order from the flags above: degrade, health,
-        metrics, faults. With a stack, the flags stay at their defaults.
+        metrics, verify, faults. With a stack, the flags stay at their defaults.
     """
 
     metrics: bool = True
     degrade: bool = True
     health: HealthConfig | None = HealthConfig()
+    verify: bool = True
     faults: FaultConfig | None = None
     stack: tuple[str, ...] | None = None
 
@@ -340,11 +345,12 @@ class LayerConfig(_Config, frozen=True):
             return self.stack
         flags = {"degrade": self.degrade, "metrics": self.metrics}
         flags["health"] = self.degrade and self.health is not None
+        flags["verify"] = self.verify
         flags["faults"] = self.faults is not None
         return tuple(name for name in BUILT_IN_LAYERS if flags[name])
 
 
-BUILT_IN_LAYERS = ("degrade", "health", "metrics", "faults")
+BUILT_IN_LAYERS = ("degrade", "health", "metrics", "verify", "faults")
 """The layers :attr:`LayerConfig.stack` names by word, in their default order."""
 
 _LAYER_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")

@@ -16,6 +16,7 @@ from .layers import (
     HealthLayer,
     MetricsLayer,
     ValidationLayer,
+    VerifyLayer,
 )
 from .registry import get_spec
 
@@ -25,12 +26,12 @@ __all__ = ["apply_layers", "create_backend", "open_backend"]
 def apply_layers(backend: StorageBackend, layers: LayerConfig | None = None) -> StorageBackend:
     """Wrap ``backend`` in validation and then the configured stack (by default the built-ins).
 
-    By default the result is ``Validation(Degrade(Health(Metrics(Faults(backend)))))``.
+    By default the result is ``Validation(Degrade(Health(Metrics(Verify(Faults(backend))))))``.
     Validation is always outermost so caller mistakes raise before anything else runs; by
     default health sits inside degrade so it sees the timeouts that tell it the store stopped
     answering (and answers misses itself while it is down), metrics sit inside both so they see
-    (and count) the infrastructure errors degrade turns into misses, and injected faults are
-    innermost so they look exactly like backend failures.
+    (and count) the infrastructure errors degrade turns into misses and the pages verify turned
+    into misses, and injected faults are innermost so they look exactly like backend failures.
     :attr:`LayerConfig.stack` orders them otherwise, or adds a layer of one's own by its
     ``"module:Class"`` path.
 
@@ -54,6 +55,8 @@ def _layer(name: str, inner: StorageBackend, layers: LayerConfig) -> StorageBack
         return HealthLayer(inner, layers.health)
     if name == "metrics":
         return MetricsLayer(inner)
+    if name == "verify":
+        return VerifyLayer(inner)
     if name == "faults":
         assert layers.faults is not None  # LayerConfig checks that the stack and faults agree
         return FaultInjectionLayer(inner, layers.faults)

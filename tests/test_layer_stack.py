@@ -21,6 +21,7 @@ from hicache_storage.layers import (
     HealthLayer,
     MetricsLayer,
     ValidationLayer,
+    VerifyLayer,
 )
 
 
@@ -56,6 +57,7 @@ def test_the_default_stack_is_unchanged() -> None:
         DegradeLayer,
         HealthLayer,
         MetricsLayer,
+        VerifyLayer,
         MemoryBackend,
     ]
     faults = FaultConfig(default=FaultRule(failure_rate=1.0))
@@ -63,13 +65,14 @@ def test_the_default_stack_is_unchanged() -> None:
         ValidationLayer,
         DegradeLayer,
         HealthLayer,
+        VerifyLayer,
         FaultInjectionLayer,
         MemoryBackend,
     ]
-    assert LayerConfig().layer_stack() == ("degrade", "health", "metrics")
+    assert LayerConfig().layer_stack() == ("degrade", "health", "metrics", "verify")
     # health answers misses, so it applies only where degrade does
-    assert LayerConfig(degrade=False).layer_stack() == ("metrics",)
-    assert LayerConfig(health=None).layer_stack() == ("degrade", "metrics")
+    assert LayerConfig(degrade=False, verify=False).layer_stack() == ("metrics",)
+    assert LayerConfig(health=None).layer_stack() == ("degrade", "metrics", "verify")
 
 
 def test_a_stack_orders_the_built_in_layers() -> None:

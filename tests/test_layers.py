@@ -166,6 +166,7 @@ def test_default_stack_order() -> None:
         "DegradeLayer",
         "HealthLayer",
         "MetricsLayer",
+        "VerifyLayer",
         "FaultInjectionLayer",
     ]
     assert isinstance(backend, ValidationLayer)

@@ -407,9 +407,28 @@ class TestMediumFaults:
 
     @pytest.mark.parametrize("kind", [kind for kind in FAULT_KINDS if kind != "vanished"])
     def test_medium_fault_through_layers_is_counted_miss(
-        self, backend: StorageBackend, k: Keyspace, kind: str, monkeypatch: pytest.MonkeyPatch
+        self,
+        hicache_factory: BackendFactory,
+        k: Keyspace,
+        kind: str,
+        monkeypatch: pytest.MonkeyPatch,
     ) -> None:
-        """Through the default layers, every call the failing medium breaks is a counted miss."""
+        """Through the default layers, every call the failing medium breaks is a counted miss.
+
+        Without the health layer, which after one timeout answers every call itself until its
+        probe succeeds (``tests/test_health.py``): each call here must reach the medium.
+        """
+        layers = msgspec.structs.replace(hicache_factory.layers, health=None)
+        with hicache_factory(layers) as backend:
+            try:
+                self._counted_misses(backend, k, kind, monkeypatch)
+            finally:
+                cleanup(hicache_factory, backend, k)
+
+    @staticmethod
+    def _counted_misses(
+        backend: StorageBackend, k: Keyspace, kind: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         faults = _medium_faults(_bare(backend))
         if kind not in faults.kinds:
             pytest.skip(f"this medium raises no {kind!r} faults (its kinds: {faults.kinds})")

@@ -56,6 +56,7 @@ from hicache_storage.redact import redact_options, redacted_repr
 
 __all__ = [
     "PARTS",
+    "EXTRA_RUNS",
     "RUNS",
     "BenchConfig",
     "BenchResult",
@@ -79,6 +80,14 @@ RUNS: tuple[tuple[str, str], ...] = (
     ("L1+L2+L3", "device + host pool + storage"),
 )
 """The four configurations, in the order they run: name and description."""
+
+EXTRA_RUNS: tuple[tuple[str, str], ...] = (
+    (
+        "L1+L2+L3-unverified",
+        "L1+L2+L3 without end-to-end page verification (what verification costs)",
+    ),
+)
+"""Configurations that run only when named in ``runs``, after the four."""
 
 _MODELS: dict[str, Callable[[], ModelConfig]] = {
     "tiny": ModelConfig.tiny,
@@ -613,12 +622,11 @@ def run_bench(
         If a request of the workload could not fit in the device pool, or the model and its
         pools cannot fit the machine (checked before anything is built).
     """
+    known = [name for name, _ in (*RUNS, *EXTRA_RUNS)]
     wanted = {name for name, _ in RUNS} if runs is None else {"no-cache", *runs}
-    unknown = wanted - {name for name, _ in RUNS}
+    unknown = wanted - set(known)
     if unknown:
-        raise ConfigError(
-            f"unknown configurations {sorted(unknown)}; known: {[n for n, _ in RUNS]}"
-        )
+        raise ConfigError(f"unknown configurations {sorted(unknown)}; known: {known}")
     shape = config.model_config()
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -632,7 +640,7 @@ def run_bench(
     results: list[RunResult] = []
     reference: dict[tuple[int, int], list[int]] | None = None
     for repeat in range(config.repeat):
-        for name, description in RUNS:
+        for name, description in (*RUNS, *EXTRA_RUNS):
             if name not in wanted:
                 continue
             warm = config.warmup and repeat == 0
@@ -806,7 +814,7 @@ def _build_cache(config: BenchConfig, name: str, backend: StorageBackend | None)
         config.model_config(),
         cache_config,
         device_tokens=config.device_tokens,
-        host_tokens=config.host_tokens if name in ("L1+L2", "L1+L2+L3") else None,
+        host_tokens=config.host_tokens if name.startswith("L1+L2") else None,
         backend=backend,
         device=config.device,
         host_layout=config.host_layout,
@@ -832,8 +840,8 @@ def _serve(
         _warm_serve(config, name, model, turns)
     backend = None
     cleared: bool | None = None
-    if name == "L1+L2+L3":
-        backend = _open_backend(config)
+    if _stored(name):
+        backend = _open_backend(config, name)
         cleared = _clear(backend)
     try:
         with _engine(config, name, model, backend) as engine:
@@ -874,7 +882,7 @@ def _warm_serve(config: BenchConfig, name: str, model: LlamaModel, turns: Sequen
     store that cannot be emptied is left alone and the warm-up goes without it.
     """
     clients = min(config.concurrency or config.clients, config.clients)
-    backend = _open_backend(config) if name == "L1+L2+L3" else None
+    backend = _open_backend(config, name) if _stored(name) else None
     try:
         if backend is not None and not _clear(backend):
             backend.close()
@@ -903,12 +911,17 @@ def _engine(
     )
 
 
-def _open_backend(config: BenchConfig) -> StorageBackend:
-    """Open the run's storage backend: the default layers, and the fault layer's read delay."""
-    layers = None
+def _stored(name: str) -> bool:
+    """Return whether configuration ``name`` has a storage tier."""
+    return name.startswith("L1+L2+L3")
+
+
+def _open_backend(config: BenchConfig, name: str) -> StorageBackend:
+    """Open run ``name``'s storage backend: the default layers, and the fault layer's delay."""
+    faults = None
     if config.read_delay_s:
-        slow = FaultConfig(ops={"batch_get_v1": FaultRule(delay_s=config.read_delay_s)})
-        layers = LayerConfig(faults=slow)
+        faults = FaultConfig(ops={"batch_get_v1": FaultRule(delay_s=config.read_delay_s)})
+    layers = LayerConfig(faults=faults, verify=name != "L1+L2+L3-unverified")
     return create_backend(config.backend, config.backend_config, layers=layers)
 
 
@@ -1043,6 +1056,8 @@ def _storage_stats(stats: dict[str, Any]) -> dict[str, Any]:
         out["degraded"] = stats["degraded"]
     if stats.get("integrity_failures"):
         out["integrity_failures"] = stats["integrity_failures"]
+    if "verify" in stats:
+        out["verify"] = stats["verify"]
     return out
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ..bench.engine import (
+    EXTRA_RUNS,
     PARTS,
     RUNS,
     BenchConfig,
@@ -289,7 +290,9 @@ def _progress(console: Console) -> Iterator[Progress]:
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console, transient=True) as bar:
-        tasks = {name: bar.add_task(name, total=None, start=False) for name, _ in RUNS}
+        tasks = {
+            name: bar.add_task(name, total=None, start=False) for name, _ in (*RUNS, *EXTRA_RUNS)
+        }
 
         def advance(name: str, done: int, total: int) -> None:
             task = tasks[name]
@@ -446,7 +449,8 @@ def engine_group() -> None:
     "--runs",
     metavar="NAMES",
     help="Comma-separated configurations to run (no-cache always runs: the others are checked "
-    "against its tokens); default all four.",
+    "against its tokens); default all four. L1+L2+L3-unverified runs storage without the "
+    "end-to-end page check, to measure what it costs.",
 )
 def bench_command(
     backend: str,

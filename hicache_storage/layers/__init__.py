@@ -9,6 +9,7 @@ from .faults import FaultInjectionLayer
 from .health import HealthLayer
 from .metrics import MetricsLayer
 from .validation import ValidationLayer
+from .verify import VerifyLayer
 
 __all__ = [
     "AttachingBackend",
@@ -18,4 +19,5 @@ __all__ = [
     "HealthLayer",
     "MetricsLayer",
     "ValidationLayer",
+    "VerifyLayer",
 ]

@@ -16,7 +16,15 @@ from hicache_storage import BackendSpec, Capabilities
 
 __all__ = ["MODULES", "REFERENCE", "Bug", "all_bugs", "bug"]
 
-MODULES = ("dict_bugs", "semantic_bugs", "data_bugs", "latent_bugs", "deadline_bugs")
+MODULES = (
+    "dict_bugs",
+    "semantic_bugs",
+    "data_bugs",
+    "latent_bugs",
+    "batch_bugs",
+    "deadline_bugs",
+    "trust_bugs",
+)
 """The modules that declare ``BUGS``; the plugin registers every one of them."""
 
 

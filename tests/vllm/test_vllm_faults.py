@@ -78,7 +78,9 @@ def test_store_that_fills_up(
     engine is served that prompt and recomputes (and stores, evicting again) the others.
     """
     batch = [harness.prompts(1, 200, 40, seed=30 + i)[0] for i in range(3)]
-    bound = 8 * (64 * 1024 + 32)  # 8 chunks with their integrity records
+    # 8 chunks with their integrity records, and the verify layer's 32-byte record of each
+    # (an object of its own, with its integrity record).
+    bound = 8 * (64 * 1024 + 32 + 2 * 32)
     options = {"root": str(tmp_path / "store"), "max_bytes": bound}
     config = harness.kv_transfer_config({"backend": "file", "options": options})
     with harness.engine(model, config) as llm:
@@ -92,3 +94,32 @@ def test_store_that_fills_up(
     assert stats["backend"]["bytes"] <= bound
     assert stats["backend"]["evictions"] >= 13  # 7 + 14 chunks into room for 8
     assert stats["store_failed"] == 0 and stats["backend"]["degraded"]["total"] == 0
+
+
+def test_pages_replaced_behind_the_writer_are_misses_not_tokens(
+    model: Path,
+    baseline: Callable[[Sequence[Sequence[int]]], Generations],
+    redis_own: LocalService,
+) -> None:
+    """Redis keeps no integrity record: only the end-to-end check tells other bytes apart."""
+    import redis
+
+    config = harness.kv_transfer_config({"backend": "redis", "options": redis_own.options})
+    with harness.engine(model, config) as llm:
+        harness.generate(llm, PROMPTS)
+    client = redis.Redis.from_url(
+        redis_own.options["url"], password=redis_own.options.get("password")
+    )
+    pages = [key for key in client.scan_iter() if b"hcv-" not in key]
+    assert len(pages) >= 8
+    for key in pages:  # same length, other bytes: another engine's KV, a bad restore
+        value = client.get(key)
+        assert value is not None
+        client.set(key, bytes(255 - b for b in value))
+    with harness.engine(model, config) as llm:
+        replaced = harness.generate(llm, PROMPTS)
+        (tier,) = harness.tiers(llm)
+        stats = tier.stats()
+    assert tokens(replaced) == tokens(baseline(PROMPTS))
+    assert stats["backend"]["verify"]["mismatched"] > 0
+    assert stats["loaded"] == 0

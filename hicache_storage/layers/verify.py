@@ -1,0 +1,182 @@
+"""Pages verified end to end: a page whose bytes are not the ones written for its key is a miss.
+
+A backend's answer is not proof: a ``True`` from ``batch_get_v1`` may come with slots it never
+filled (a completion lost by an RDMA transport, a late or broken third-party backend), or with
+another key's bytes. This layer checks every page that reaches the caller against a record its
+writer made, whatever the backend answered:
+
+* ``batch_set_v1`` stores, for each page the backend stored, an integrity record
+  (:mod:`hicache_storage.kit.integrity`: the page's length, its CRC32C and a digest of its key),
+  as a small object of its own under :func:`record_key` ``(key)``. A page whose record cannot be
+  stored is reported not stored.
+* ``batch_get_v1`` reads the records of the pages the backend reported as hits and checks each
+  page's bytes in the caller's slots against its record. A page without a record, or whose bytes
+  do not match, is a miss (counted under ``stats()["verify"]``); a mismatched page and its record
+  are deleted where the backend can delete, and its key is distrusted in this process
+  (``exists``/``batch_exists`` stop before it) until it is stored again.
+
+The page objects themselves are unchanged, so stores stay shareable with readers of the same
+keys; records are the only extra objects (one per page, of
+:data:`~hicache_storage.kit.integrity.RECORD_BYTES`). A backend claiming ``foreign_names`` lays
+its store out exactly as another system does (the file backend's names shared with SGLang's own
+file backend, which neither writes nor reads records): over it the layer writes no records and
+passes hits through, counted ``unverified``.
+Only the page calls are verified; ``get``/``set`` move values the caller checks itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from hicache_storage.errors import BackendError
+from hicache_storage.kit.integrity import RECORD_BYTES, seal, verify
+
+from .base import ForwardingBackend
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..backend import StorageBackend
+
+__all__ = ["DISTRUSTED_KEYS", "RECORD_PREFIX", "VerifyLayer", "record_key"]
+
+DISTRUSTED_KEYS: Final = 65536
+"""Keys a process remembers as distrusted (oldest forgotten first): a bound on memory, a few MB,
+well above the pages one engine's host pool holds."""
+
+RECORD_PREFIX: Final = "hcv-"
+"""How every record's key begins (then a 40-digit hex digest of the page's key)."""
+
+
+def record_key(key: str) -> str:
+    """Return the key of ``key``'s integrity record (fixed length, so any valid key has one)."""
+    return RECORD_PREFIX + hashlib.blake2b(key.encode(), digest_size=20).hexdigest()
+
+
+class VerifyLayer(ForwardingBackend):
+    """Check every page a v1 read answers as a hit against the record written with it."""
+
+    def __init__(self, inner: StorageBackend) -> None:
+        super().__init__(inner)
+        self._foreign = inner.capabilities.foreign_names
+        self._lock = threading.Lock()
+        self._distrusted: OrderedDict[str, None] = OrderedDict()
+        self._counts = dict.fromkeys(
+            ("verified", "mismatched", "no_record", "unverified", "records_failed"), 0
+        )
+
+    # -- writes -----------------------------------------------------------------------------------
+
+    def batch_set_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        """Store the pages, then a record of each stored page; a page without one is not stored."""
+        stored = list(self.inner.batch_set_v1(keys, host_indices))
+        if self._foreign:
+            return stored
+        chosen = [i for i, ok in enumerate(stored) if ok]
+        if not chosen:
+            return stored
+        views = self.inner.host_pool.page_buffer_views(host_indices)
+        records = [seal(keys[i], views[i]) for i in chosen]
+        try:
+            written = self.inner.batch_set([record_key(keys[i]) for i in chosen], records)
+        except BackendError:
+            written = [False] * len(chosen)
+        failed = 0
+        with self._lock:
+            for i, ok in zip(chosen, written, strict=True):
+                if ok:
+                    self._distrusted.pop(keys[i], None)
+                else:
+                    stored[i] = False
+                    failed += 1
+            self._counts["records_failed"] += failed
+        return stored
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    def batch_get_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        """Read the pages; keep as hits only those whose bytes match their record."""
+        hits = list(self.inner.batch_get_v1(keys, host_indices))
+        chosen = [i for i, hit in enumerate(hits) if hit]
+        if not chosen:
+            return hits
+        if self._foreign:
+            with self._lock:
+                self._counts["unverified"] += len(chosen)
+            return hits
+        with self._lock:
+            distrusted = [i for i in chosen if keys[i] in self._distrusted]
+        for i in distrusted:
+            hits[i] = False
+        chosen = [i for i in chosen if hits[i]]
+        records = [bytearray(RECORD_BYTES) for _ in chosen]
+        try:
+            found = self.inner.batch_get([record_key(keys[i]) for i in chosen], records)
+        except BackendError:
+            found = [False] * len(chosen)
+        views = self.inner.host_pool.page_buffer_views(host_indices)
+        outcome = {"verified": 0, "mismatched": 0, "no_record": 0}
+        bad: list[str] = []
+        for i, has_record, record in zip(chosen, found, records, strict=True):
+            if not has_record:
+                outcome["no_record"] += 1
+                hits[i] = False
+            elif verify(record, keys[i], views[i]) is None:
+                outcome["verified"] += 1
+            else:
+                outcome["mismatched"] += 1
+                hits[i] = False
+                bad.append(keys[i])
+        with self._lock:
+            for name, count in outcome.items():
+                self._counts[name] += count
+            for key in bad:
+                self._distrusted[key] = None
+                self._distrusted.move_to_end(key)
+            while len(self._distrusted) > DISTRUSTED_KEYS:
+                self._distrusted.popitem(last=False)
+        for key in bad:
+            self._forget(key)
+        return hits
+
+    def exists(self, key: str) -> bool:
+        """Return False for a distrusted key; else ask the backend."""
+        with self._lock:
+            if key in self._distrusted:
+                return False
+        return self.inner.exists(key)
+
+    def batch_exists(self, keys: Sequence[str]) -> int:
+        """Return the backend's leading-hit count, cut before the first distrusted key."""
+        found = self.inner.batch_exists(keys)
+        with self._lock:
+            if not self._distrusted:
+                return found
+            for i in range(found):
+                if keys[i] in self._distrusted:
+                    return i
+        return found
+
+    def stats(self) -> dict[str, Any]:
+        """Return the inner stats with this layer's counts under ``verify``."""
+        with self._lock:
+            counts = {**self._counts, "distrusted": len(self._distrusted)}
+        return {**self.inner.stats(), "verify": counts}
+
+    def _forget(self, key: str) -> None:
+        """Delete a page that failed verification, and its record, where the backend can."""
+        if not self.capabilities.delete:
+            return
+        for name in (key, record_key(key)):
+            try:
+                self.inner.delete(name)
+            except BackendError:
+                return
