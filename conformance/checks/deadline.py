@@ -190,7 +190,7 @@ class TestNothingAfterReturn:
                     single[:] = b"\xee" * len(single)
                 finally:
                     _settle(control, instance, k, limit)
-                expected = [
+                expected: list[tuple[str, bytes]] = [
                     *zip(keys, written, strict=True),
                     *zip(singles, originals, strict=True),
                     (one, b"\x11" * 4096),
