@@ -10,6 +10,7 @@ from hicache_storage.keys.hashing import (
     namespace_seed,
     page_hashes,
 )
+from hicache_storage.keys.identity import kv_settings, model_identity, weights_fingerprint
 from hicache_storage.keys.rank_suffix import RankSuffixScheme, sanitize_model_name
 from hicache_storage.keys.scheme import KeyScheme
 from hicache_storage.keys.unified import (
@@ -37,12 +38,15 @@ __all__ = [
     "UnifiedPlan",
     "chain_hashes",
     "hash_page",
+    "kv_settings",
     "lcm_of",
     "logical_dtype",
+    "model_identity",
     "namespace_seed",
     "page_hashes",
     "plan_unified",
     "sanitize_model_name",
     "validate_key",
     "validate_keys",
+    "weights_fingerprint",
 ]
