@@ -15,6 +15,7 @@ from hicache_storage.registry import registered_backends
 
 FORMAT = ChunkFormat(
     model="m",
+    model_identity="m-0123456789abcdef",
     dtype="bfloat16",
     kv_cache_dtype="auto",
     tokens_per_hash=32,

@@ -2,11 +2,12 @@
 
 A chunk is a row of vLLM's CPU primary tier: every worker's bytes of ``blocks_per_chunk``
 consecutive KV blocks, in vLLM's own layout. Those bytes are only meaningful to a reader that
-agrees on every fact of :class:`ChunkFormat`: the model and dtypes, the block geometry, the
-parallel layout that split the heads, the KV cache layout and (on CPU) the attention kernel's
-byte order, and the block-hash algorithm and seed that named the chunk. Keys are
-``vllm-<format digest>-<offload key hex>``, so a reader that disagrees on any fact derives other
-keys and misses instead of loading foreign bytes.
+agrees on every fact of :class:`ChunkFormat`: the model (its weights, sampled, and every config
+setting that shapes its KV, :func:`~hicache_storage.keys.identity.model_identity`, not its path)
+and dtypes, the block geometry, the parallel layout that split the heads, the KV cache layout
+and (on CPU) the attention kernel's byte order, and the block-hash algorithm and seed that named
+the chunk. Keys are ``vllm-<format digest>-<offload key hex>``, so a reader that disagrees on any
+fact derives other keys and misses instead of loading foreign bytes.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class ChunkFormat(msgspec.Struct, frozen=True, kw_only=True):
     """Every fact a chunk's bytes depend on; its :attr:`digest` prefixes the chunk's keys."""
 
     model: str
+    model_identity: str
     dtype: str
     kv_cache_dtype: str
     tokens_per_hash: int

@@ -46,6 +46,7 @@ from hicache_storage.factory import open_backend
 from hicache_storage.hostpool import MLAHostPool
 from hicache_storage.integrations.vllm.config import tier_settings
 from hicache_storage.integrations.vllm.namespace import ChunkFormat, chunk_key, hash_setting
+from hicache_storage.keys import kv_settings, model_identity, weights_fingerprint
 
 __all__ = ["HiCacheTier", "chunk_format"]
 
@@ -93,6 +94,19 @@ def _engine_config() -> Any:
     raise ConfigError("HiCacheTier must be created by a vLLM engine (no vLLM config found)")
 
 
+def _model_identity(vllm_config: Any) -> str:
+    """Name the served model by its weights and KV-shaping settings, not its path.
+
+    vLLM applies ``--hf-overrides`` to ``model_config.hf_config``, so an overridden RoPE setting
+    is read as served; the quantization method joins the config's own settings.
+    """
+    model = vllm_config.model_config
+    revision = getattr(model, "revision", None)
+    settings = kv_settings(model.hf_config)
+    settings["quantization"] = str(getattr(model, "quantization", None))
+    return model_identity(str(model.model), weights_fingerprint(model.model, revision), settings)
+
+
 def chunk_format(spec: OffloadingSpec, row_bytes: int) -> ChunkFormat:
     """Collect what a chunk's bytes mean from vLLM's offloading config and its engine config.
 
@@ -111,6 +125,7 @@ def chunk_format(spec: OffloadingSpec, row_bytes: int) -> ChunkFormat:
     parallel = config.parallel
     return ChunkFormat(
         model=str(config.model.name),
+        model_identity=_model_identity(vllm_config),
         dtype=str(config.model.dtype),
         kv_cache_dtype=str(cache.cache_dtype),
         tokens_per_hash=int(config.cache.tokens_per_hash),
