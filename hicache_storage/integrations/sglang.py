@@ -24,11 +24,13 @@ This module is the only one that imports SGLang (``docs/sglang.md``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -55,7 +57,16 @@ from hicache_storage.config import (
 from hicache_storage.errors import ConfigError, HostPoolError, InvalidValueError
 from hicache_storage.factory import open_backend
 from hicache_storage.hostpool import HostKVPool, MHAHostPool, MLAHostPool, UnifiedObjectPool
-from hicache_storage.keys import ObjectFormat, RankSuffixScheme, UnifiedPlan, logical_dtype
+from hicache_storage.keys import (
+    ObjectFormat,
+    RankSuffixScheme,
+    UnifiedPlan,
+    kv_settings,
+    logical_dtype,
+    model_identity,
+    weights_fingerprint,
+)
+from hicache_storage.keys.identity import local_snapshot
 
 __all__ = ["SGLANG_KEYS", "SGLangStorage", "adopt_host_pool", "config_from"]
 
@@ -79,7 +90,13 @@ SGLANG_KEYS = frozenset(
 SGLang's server takes the prefetch keys and ``tp_lcm_size`` out before the adapter sees the
 config; a controller built directly passes them through."""
 
-_CONFIG_KEYS = frozenset({"config", *HiCacheConfig.__struct_fields__})
+ADAPTER_KEYS = frozenset({"model_path", "model_overrides"})
+"""Extra-config keys of the adapter itself, besides our config's: ``model_path`` names the
+checkpoint SGLang serves when its model name is not that path (``--served-model-name``), and
+``model_overrides`` repeats SGLang's ``--json-model-override-args`` (see
+:func:`served_model_identity`)."""
+
+_CONFIG_KEYS = frozenset({"config", *ADAPTER_KEYS, *HiCacheConfig.__struct_fields__})
 _MAPPED_LAYOUTS = {
     "MHATokenToKVPoolHost": ("layer_first", "page_first", "page_first_direct", "page_head"),
     "MLATokenToKVPoolHost": ("layer_first", "page_first", "page_first_direct"),
@@ -100,6 +117,42 @@ def _extra_data(extra: Mapping[str, Any] | None) -> dict[str, Any]:
         if key in extra:
             data[key] = extra[key]
     return read_source(data)  # the inline keys' nesting and integers checked as a file's are
+
+
+def served_model_identity(storage_config: HiCacheStorageConfig) -> str:
+    """Return the identity of the model SGLang serves: its weights and KV settings, or its name.
+
+    SGLang tells a storage backend only the model's name, which is its ``--model-path`` unless
+    ``--served-model-name`` renames it; the extra config's ``model_path`` names the checkpoint
+    then. For a checkpoint found locally (a directory, or a hub id in the local Hugging Face
+    cache) the identity is :func:`~hicache_storage.keys.model_identity` of its sampled weights
+    and the KV settings of its ``config.json``; otherwise it is the name, as before. SGLang's
+    ``--json-model-override-args`` does not reach a storage backend: a deployment that overrides
+    a KV setting (RoPE, sliding window) passes the same object as ``model_overrides``.
+
+    Raises
+    ------
+    ConfigError
+        If ``model_path`` is not a string or ``model_overrides`` not an object.
+    """
+    name = storage_config.model_name or ""
+    extra = storage_config.extra_config or {}
+    path = extra.get("model_path", name)
+    if not isinstance(path, str):
+        raise ConfigError(f"model_path must be a string, got {type(path).__name__}")
+    overrides = extra.get("model_overrides") or {}
+    if not isinstance(overrides, Mapping):
+        raise ConfigError(f"model_overrides must be an object, got {type(overrides).__name__}")
+    local = Path(path) if path and Path(path).exists() else local_snapshot(path, None)
+    if local is None and not overrides:
+        return name
+    settings: dict[str, Any] = {}
+    if local is not None:
+        config_file = (local if local.is_dir() else local.parent) / "config.json"
+        settings = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    settings = kv_settings({**settings, **overrides})
+    weights = weights_fingerprint(path if local is None else local)
+    return model_identity(path or name, weights, settings)
 
 
 def _rank_facts(storage_config: HiCacheStorageConfig) -> dict[str, Any]:
@@ -127,13 +180,14 @@ def _rank_facts(storage_config: HiCacheStorageConfig) -> dict[str, Any]:
     }
 
 
-def config_from(storage_config: HiCacheStorageConfig) -> HiCacheConfig:
+def config_from(storage_config: HiCacheStorageConfig, *, model: str | None = None) -> HiCacheConfig:
     """Build our config from SGLang's storage config and the extra config it carries.
 
     The model name, attention-TP, PP and attention-CP ranks and sizes and whether KV is
     replicated (MLA) come from SGLang; ``key_scheme`` and ``unified`` from the extra config.
     SGLang's ``tp_lcm_size`` fills the unified scheme's head grid when the config leaves it
-    open. ``HICACHE_*`` environment variables override the result, as in
+    open, and ``model`` (the :func:`served_model_identity`) its ``model_id``. ``HICACHE_*``
+    environment variables override the result, as in
     :func:`~hicache_storage.config.load_config`.
 
     Raises
@@ -166,6 +220,8 @@ def config_from(storage_config: HiCacheStorageConfig) -> HiCacheConfig:
             )
         deployment[name] = value
     unified = deployment.get("unified")
+    if isinstance(unified, Mapping) and model and not unified.get("model_id"):
+        unified = deployment["unified"] = {**unified, "model_id": model}
     lcm = storage_config.tp_lcm_size
     if (
         isinstance(unified, Mapping)
@@ -339,7 +395,11 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
         self, storage_config: HiCacheStorageConfig, kwargs: Mapping[str, Any] | None = None
     ) -> None:
         self.storage_config = storage_config
-        self.config = config_from(storage_config)
+        self.model_identity = served_model_identity(storage_config)
+        """The model the stored KV belongs to (:func:`served_model_identity`): the host pool's
+        object-format tag and the unified namespace carry it, so new weights or KV settings
+        under one name never read the old KV. SGLang's exact names (``foreign_names``) do not."""
+        self.config = config_from(storage_config, model=self.model_identity)
         deployment = self.config.deployment
         self.backend: StorageBackend = open_backend(self.config)
         self._scheme = deployment.scheme()
@@ -384,7 +444,7 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
         if self._unified is not None:
             target = UnifiedObjectPool(pool, self._unified_plan_for(pool))
         elif not self.backend.capabilities.foreign_names:
-            fmt = ObjectFormat.of_pool(pool, model=self.config.deployment.model_name)
+            fmt = ObjectFormat.of_pool(pool, model=self.model_identity)
             self._scheme = dataclasses.replace(self._rank_suffix, object_format=fmt.tag)
         self.backend.register_host_pool(target)
         self._kv_pool = target

@@ -33,6 +33,7 @@ __all__ = [
     "SAMPLE_BYTES",
     "WEIGHT_SUFFIXES",
     "kv_settings",
+    "local_snapshot",
     "model_identity",
     "weights_fingerprint",
 ]
@@ -98,7 +99,7 @@ def _weight_files(root: Path) -> list[tuple[str, Path]]:
     return sorted(found)
 
 
-def _local_snapshot(repo_id: str, revision: str | None) -> Path | None:
+def local_snapshot(repo_id: str, revision: str | None) -> Path | None:
     """Return the Hugging Face cache's local snapshot of a hub id, if the hub client has one."""
     try:
         from huggingface_hub import snapshot_download
@@ -120,7 +121,7 @@ def weights_fingerprint(path: str | os.PathLike[str], revision: str | None = Non
     """
     name = os.fspath(path)
     local = Path(name)
-    root = local if local.exists() else _local_snapshot(name, revision)
+    root = local if local.exists() else local_snapshot(name, revision)
     digest = hashlib.blake2b(digest_size=16)
     files = _weight_files(root) if root is not None else []
     if not files:
