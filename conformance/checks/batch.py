@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hicache_storage.backend import StorageBackend
+from hicache_storage.conformance.checks.common import SENTINEL, slot_problem
 from hicache_storage.conformance.fixtures import Keyspace
 from hicache_storage.conformance.workers import make_value
 from hicache_storage.errors import BatchMismatchError
@@ -57,14 +58,37 @@ class TestBatch:
         assert backend.batch_get(keys, outs) == [True] * n
         assert all(bytes(o) == v for o, v in zip(outs, values, strict=True))
 
-    def test_batch_get_per_key_hit_miss(self, backend: StorageBackend, k: Keyspace) -> None:
-        keys = k.many("hm", 6)
-        for key in keys[::2]:
-            assert backend.set(key, make_value(key, 128))
-        outs = [bytearray(128) for _ in keys]
-        assert backend.batch_get(keys, outs) == [True, False] * 3
-        for key, out in zip(keys[::2], outs[::2], strict=True):
-            assert bytes(out) == make_value(key, 128)
+    @pytest.mark.parametrize("shape", ["HMHMHM", "MHHMMH"], ids=["alternating", "miss-first"])
+    def test_batch_get_per_key_hit_miss(
+        self, backend: StorageBackend, k: Keyspace, shape: str
+    ) -> None:
+        """Each key is answered for itself, and every buffer is compared, not the leading run.
+
+        ``shape`` says which keys are stored (``H``) and which are not (``M``): hits after a
+        miss, runs of misses, a batch that starts with one. A hit's buffer holds its value; a
+        miss's buffer, before or after the first miss, keeps its sentinel bytes.
+        """
+        keys = k.many(f"hm-{shape}-", len(shape))
+        values = [make_value(key, 128 + i) for i, key in enumerate(keys)]
+        for key, value, kind in zip(keys, values, shape, strict=True):
+            if kind == "H":
+                assert backend.set(key, value), f"set({key!r}) failed"
+        outs = [bytearray([SENTINEL]) * len(value) for value in values]
+        got = backend.batch_get(keys, outs)
+        expected = [kind == "H" for kind in shape]
+        assert got == expected, (
+            f"batch_get of keys stored as {shape} (H stored, M not) returned {got}, expected "
+            f"{expected}: one answer per key, after a miss too"
+        )
+        problems = [
+            f"key {i} ({'stored' if kind == 'H' else 'a miss'}): {text}"
+            for i, (out, value, kind) in enumerate(zip(outs, values, shape, strict=True))
+            if (text := slot_problem(out, value if kind == "H" else None)) is not None
+        ]
+        assert not problems, (
+            f"batch_get of keys stored as {shape} left {len(problems)} wrong buffer(s): "
+            + "; ".join(problems)
+        )
 
     @pytest.mark.parametrize("delta", [-1, 1], ids=["smaller", "larger"])
     def test_batch_get_wrong_size_is_miss(

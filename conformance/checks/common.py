@@ -146,6 +146,27 @@ def mismatch(op: str, key: str, got: object, expected: bytes) -> str | None:
     return None if text is None else f"{op} of {key!r} returned {text}"
 
 
+def slot_problem(out: object, value: bytes | None) -> str | None:
+    """Say what is wrong with one slot of a batch read (``None``: nothing).
+
+    ``value`` is what a hit's slot must hold; ``None`` says the key missed, and its slot (a
+    buffer filled with :data:`SENTINEL` before the call) must be untouched.
+    """
+    if value is not None:
+        text = _difference(out, value)
+        return None if text is None else f"holds {text}"
+    have = np.frombuffer(as_readable(out), dtype=np.uint8)
+    written = np.flatnonzero(have != SENTINEL)
+    if written.size == 0:
+        return None
+    first = int(written[0])
+    return (
+        f"was written although the key missed: {written.size} of its {have.size} bytes are no "
+        f"longer the sentinel 0x{SENTINEL:02x}, the first at offset {first} (now "
+        f"0x{have[first]:02x})"
+    )
+
+
 def value_limit(backend: StorageBackend, options: Mapping[str, object], want: int) -> int:
     """Return ``want`` capped by ``max_value_size`` and by half of a bounded store's capacity."""
     limit = want

@@ -12,6 +12,7 @@ import torch
 from hicache_storage.backend import StorageBackend
 from hicache_storage.buffers import as_writable
 from hicache_storage.conformance.checks.common import (
+    SENTINEL,
     KiB,
     MiB,
     _bytes,
@@ -21,6 +22,7 @@ from hicache_storage.conformance.checks.common import (
     _sentinel_fill,
     mismatch,
     page_bytes,
+    slot_problem,
 )
 from hicache_storage.conformance.fixtures import Keyspace
 from hicache_storage.conformance.workers import digest, make_value
@@ -157,7 +159,10 @@ class TestMiss:
 
     def test_batch_get_missing_all_false(self, backend: StorageBackend, k: Keyspace) -> None:
         keys = k.many("absent", 3)
-        assert backend.batch_get(keys, [bytearray(8) for _ in keys]) == [False] * 3
+        outs = [bytearray([SENTINEL]) * 8 for _ in keys]
+        assert backend.batch_get(keys, outs) == [False] * 3
+        untouched = [slot_problem(out, None) for out in outs]
+        assert untouched == [None] * 3, f"batch_get of 3 absent keys: {untouched}"
 
 
 class TestIdempotentSet:

@@ -34,7 +34,7 @@ from hicache_storage.conformance.factory import BackendFactory
 from hicache_storage.conformance.fixtures import Keyspace
 from hicache_storage.conformance.workers import make_value
 from hicache_storage.errors import BufferSizeError, IndexAlignmentError, PoolNotRegisteredError
-from hicache_storage.hostpool import UnifiedObjectPool
+from hicache_storage.hostpool import HostKVPool, UnifiedObjectPool
 from hicache_storage.keys import UnifiedPlan, plan_unified
 from hicache_storage.kit.vectored import IOV_MAX
 
@@ -99,6 +99,47 @@ class TestZeroCopy:
         backend.register_host_pool(pool)
         assert backend.batch_get_v1([k("absent")], _indices(pool, [3])) == [False]
         assert bool((_raw(pool) == SENTINEL).all())
+
+    @pytest.mark.parametrize(("kind", "layout"), POOL_CASES)
+    def test_v1_hits_and_misses_every_page(
+        self, backend: StorageBackend, k: Keyspace, kind: str, layout: str
+    ) -> None:
+        """One v1 read of stored pages, absent keys and a wrong size, in a mixed order.
+
+        Each key is answered for itself, after the first miss too, and every page of the pool
+        is compared: a hit's page holds its object, the page of a miss (before or after the
+        first one) and every page outside the batch keep their sentinel bytes.
+        """
+        shape = "HMHSHMH"  # H: a stored page, M: an absent key, S: an object of another size
+        source = _pool(kind, layout)
+        _random_fill(source, seed=13)
+        keys = k.many(f"mixed-{kind}-{layout}-", len(shape))
+        stored = [i for i, kind_ in enumerate(shape) if kind_ == "H"]
+        backend.register_host_pool(source)
+        oks = backend.batch_set_v1([keys[i] for i in stored], _indices(source, stored))
+        assert oks == [True] * len(stored), f"batch_set_v1 of {len(stored)} pages returned {oks}"
+        for key, kind_ in zip(keys, shape, strict=True):
+            if kind_ == "S":
+                assert backend.set(key, make_value(key, source.page_nbytes // 2))
+        want = page_bytes(source, _indices(source, range(len(shape))))
+        target = _pool(kind, layout)
+        _sentinel_fill(target)
+        expected = pool_pages(target)
+        pages = [5, 0, 7, 2, 6, 3, 1]  # page 4 is outside the batch
+        for i, page in enumerate(pages):
+            if shape[i] == "H":
+                expected[page] = want[i]
+        backend.register_host_pool(target)
+        got = backend.batch_get_v1(keys, _indices(target, pages))
+        hits = [kind_ == "H" for kind_ in shape]
+        assert got == hits, (
+            f"batch_get_v1 of keys {shape} (H a stored page, M absent, S an object of half a "
+            f"page) returned {got}, expected {hits}: one answer per key, after a miss too"
+        )
+        problem = pages_mismatch(
+            f"batch_get_v1 of keys {shape} into pages {pages}", target, expected
+        )
+        assert problem is None, problem
 
     @pytest.mark.parametrize("size", ["shorter", "longer", "double"])
     @pytest.mark.parametrize(
@@ -364,13 +405,18 @@ def _check_pages_move(
         assert stored is not None, f"get of {key!r} written by batch_set_v1 missed"
         problem = mismatch(f"get after batch_set_v1 of a {what} page", key, stored, expected)
         assert problem is None, problem
+    host = pool.pool if isinstance(pool, UnifiedObjectPool) else pool
+    assert isinstance(host, HostKVPool)
+    before = pool_pages(host)
     target = _page_indices(pool, [3, 1])
     hits = backend.batch_get_v1(keys, target)
     assert hits == [True, True], f"batch_get_v1 of two {what} pages returned {hits}"
     for key, have, expected in zip(keys, page_bytes(pool, target), want, strict=True):
         problem = mismatch(f"batch_get_v1 of a {what} page", key, have, expected)
         assert problem is None, problem
-    problem = mismatch("batch_get_v1 (source pages)", keys[0], page_bytes(pool, source)[0], want[0])
+    after = pool_pages(host)
+    expected_pages = [after[p] if p in (3, 1) else before[p] for p in range(host.num_pages)]
+    problem = pages_mismatch(f"batch_get_v1 of two {what} pages into 3 and 1", host, expected_pages)
     assert problem is None, f"{problem}: a read changed a page it was not given"
 
 
