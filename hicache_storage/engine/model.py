@@ -36,6 +36,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from hicache_storage.errors import ConfigError, HostPoolError, InvalidValueError
+from hicache_storage.keys import model_identity
 from hicache_storage.kit.options import positive_int
 
 __all__ = [
@@ -47,8 +48,13 @@ __all__ = [
     "LlamaModel",
     "ModelConfig",
     "Segment",
+    "WEIGHT_SAMPLES",
     "next_token",
 ]
+
+WEIGHT_SAMPLES = 64
+"""Elements of each weight matrix, evenly spaced, that :attr:`LlamaModel.identity` covers: other
+weights differ in nearly every element, so a few per matrix tell two models apart."""
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -679,15 +685,34 @@ class LlamaModel:
         half = torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=self.device)
         self._inv_freq = 1.0 / (c.rope_theta ** (half / c.head_dim))
         facts = {**dataclasses.asdict(c), "dtype": str(c.dtype), "weights": self.device.type}
-        digest = hashlib.blake2b(json.dumps(facts, sort_keys=True).encode(), digest_size=8)
-        self.identity = f"seeded-llama-{digest.hexdigest()}"
+        self.identity = model_identity("seeded-llama", self._weights_fingerprint(), facts)
         """The model's name for stored KV: a digest of the whole config (shape, numerics, dtype,
-        seed) and of where the weights were drawn (CPU and CUDA generators draw different numbers
-        from one seed). Models with other weights have another identity, so they never share
-        pages."""
+        seed, where the weights were drawn) and of the weights themselves, sampled: CPU and CUDA
+        generators, or two torch releases, may draw other numbers from one seed. Models with
+        other weights have another identity, so they never share pages."""
         cuda = self.device.type == "cuda"
         wanted = cuda if graphs is None else graphs
         self._graphs = _LayerGraphs(self, capture=cuda) if wanted else None
+
+    def _weights_fingerprint(self) -> str:
+        """Return a digest of the weights: each matrix's shape and some of its elements.
+
+        :data:`WEIGHT_SAMPLES` elements per matrix, evenly spaced, copied to the host at once, so
+        it is cheap at any model size.
+        """
+        matrices = [self.embedding, self.lm_head]
+        for layer in self.layers:
+            matrices += [layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down]
+        samples = []
+        for matrix in matrices:
+            flat = matrix.reshape(-1)
+            count = min(WEIGHT_SAMPLES, flat.numel())
+            at = torch.linspace(0, flat.numel() - 1, count, device=flat.device).long()
+            samples.append(flat.index_select(0, at).float())
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update(json.dumps([list(m.shape) for m in matrices]).encode())
+        digest.update(torch.cat(samples).cpu().numpy().tobytes())
+        return digest.hexdigest()
 
     def forward(
         self,
