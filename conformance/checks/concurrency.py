@@ -39,7 +39,7 @@ RACE_SWITCH_INTERVAL_S = 1e-6
 FIRST_CALL_ROUNDS = 4
 """Fresh instances whose first calls race, one after another, in the first-calls check."""
 
-_Profiler = Callable[[FrameType, str, Any], object]
+_Profiler = Callable[[FrameType, Any, Any], object]
 
 
 @contextlib.contextmanager
