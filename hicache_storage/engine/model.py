@@ -50,6 +50,7 @@ __all__ = [
     "Segment",
     "WEIGHT_SAMPLES",
     "next_token",
+    "spaced_indices",
 ]
 
 WEIGHT_SAMPLES = 64
@@ -626,6 +627,16 @@ class _LayerGraphs:
         return graphs
 
 
+def spaced_indices(numel: int, count: int, device: torch.device) -> torch.Tensor:
+    """Return ``count`` evenly spaced indices into ``numel`` elements, first and last included.
+
+    Integer steps: a float32 ``linspace`` rounds past the last index of a matrix of 2**24 or
+    more elements (the 8B shape's embedding has 5.3e8), which a GPU gather turns into an assert.
+    """
+    steps = torch.arange(count, dtype=torch.int64, device=device)
+    return steps * (numel - 1) // max(count - 1, 1)
+
+
 class LlamaModel:
     """A Llama-style decoder with seeded random weights: RMSNorm, RoPE, GQA, SwiGLU.
 
@@ -707,7 +718,7 @@ class LlamaModel:
         for matrix in matrices:
             flat = matrix.reshape(-1)
             count = min(WEIGHT_SAMPLES, flat.numel())
-            at = torch.linspace(0, flat.numel() - 1, count, device=flat.device).long()
+            at = spaced_indices(flat.numel(), count, flat.device)
             samples.append(flat.index_select(0, at).float())
         digest = hashlib.blake2b(digest_size=16)
         digest.update(json.dumps([list(m.shape) for m in matrices]).encode())

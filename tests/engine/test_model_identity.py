@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hicache_storage.engine.engine import Engine
-from hicache_storage.engine.model import LlamaModel
+from hicache_storage.engine.model import LlamaModel, spaced_indices
 
 from ._child import CONFIG, conversations
 from .test_object_format import cache, file_store, serve
@@ -39,3 +39,10 @@ def test_other_weights_from_the_same_config_have_another_identity(
     second = cache(file_store(tmp_path))
     assert serve(Engine(other, second), prompts) == serve(Engine(other, None), prompts)
     assert second.stats.storage_hit_tokens == 0 and second.stats.pages_fetched == 0
+
+
+def test_sampled_indices_stay_inside_a_matrix_too_large_for_float32_steps() -> None:
+    numel = 128256 * 4096  # the 8B shape's embedding
+    at = spaced_indices(numel, 64, torch.device("cpu"))
+    assert at[0] == 0 and at[-1] == numel - 1 and bool((at[1:] > at[:-1]).all())
+    assert int(torch.linspace(0, numel - 1, 64).long().max()) == numel  # what it replaced
