@@ -7,10 +7,11 @@ writer made, whatever the backend answered:
 
 * ``batch_set_v1`` stores, for each page the backend stored, an integrity record
   (:mod:`hicache_storage.kit.integrity`: the page's length, its CRC32C and a digest of its key),
-  as a small object of its own under :func:`record_key` ``(key)``. A page whose record cannot be
-  stored is reported not stored.
-* ``batch_get_v1`` reads the records of the pages the backend reported as hits and checks each
-  page's bytes in the caller's slots against its record. A page without a record, or whose bytes
+  as a small object of its own under :func:`record_key` ``(key)``, checksummed while the backend
+  writes the pages. A page whose record cannot be stored is reported not stored.
+* ``batch_get_v1`` reads the pages' records while the backend reads the pages (one more round
+  trip would add its latency to every fetch), then checks each page the backend reported as a
+  hit against its record, in the caller's slots. A page without a record, or whose bytes
   do not match, is a miss (counted under ``stats()["verify"]``); a mismatched page and its record
   are deleted where the backend can delete, and its key is distrusted in this process
   (``exists``/``batch_exists`` stop before it) until it is stored again.
@@ -26,6 +27,7 @@ Only the page calls are verified; ``get``/``set`` move values the caller checks 
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import os
 import threading
@@ -77,23 +79,34 @@ class VerifyLayer(ForwardingBackend):
             ("verified", "mismatched", "no_record", "unverified", "records_failed"), 0
         )
         self._workers = IOWorkers(CHECKSUM_THREADS, "hicache-verify")
+        self._side: concurrent.futures.ThreadPoolExecutor | None = None
 
     # -- writes -----------------------------------------------------------------------------------
 
     def batch_set_v1(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
-        """Store the pages, then a record of each stored page; a page without one is not stored."""
-        stored = list(self.inner.batch_set_v1(keys, host_indices))
+        """Store the pages, then a record of each stored page; a page without one is not stored.
+
+        The pages are checksummed while the backend writes them (both only read the slots).
+        """
         if self._foreign:
-            return stored
+            return self.inner.batch_set_v1(keys, host_indices)
+        views = self.inner.host_pool.page_buffer_views(host_indices)
+        sealing = self._beside().submit(
+            self._workers.map, lambda i: seal(keys[i], views[i]), range(len(keys))
+        )
+        try:
+            stored = list(self.inner.batch_set_v1(keys, host_indices))
+        finally:
+            sealed = sealing.result()
         chosen = [i for i, ok in enumerate(stored) if ok]
         if not chosen:
             return stored
-        views = self.inner.host_pool.page_buffer_views(host_indices)
-        records = self._workers.map(lambda i: seal(keys[i], views[i]), chosen)
         try:
-            written = self.inner.batch_set([record_key(keys[i]) for i in chosen], records)
+            written = self.inner.batch_set(
+                [record_key(keys[i]) for i in chosen], [sealed[i] for i in chosen]
+            )
         except BackendError:
             written = [False] * len(chosen)
         failed = 0
@@ -112,38 +125,47 @@ class VerifyLayer(ForwardingBackend):
     def batch_get_v1(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
-        """Read the pages; keep as hits only those whose bytes match their record."""
-        hits = list(self.inner.batch_get_v1(keys, host_indices))
-        chosen = [i for i, hit in enumerate(hits) if hit]
-        if not chosen:
-            return hits
+        """Read the pages; keep as hits only those whose bytes match their record.
+
+        The records are fetched while the backend reads the pages; the pages' checksums follow.
+        """
         if self._foreign:
+            hits = self.inner.batch_get_v1(keys, host_indices)
             with self._lock:
-                self._counts["unverified"] += len(chosen)
+                self._counts["unverified"] += sum(hits)
             return hits
         with self._lock:
-            distrusted = [i for i in chosen if keys[i] in self._distrusted]
-        for i in distrusted:
-            hits[i] = False
-        chosen = [i for i in chosen if hits[i]]
-        records = [bytearray(RECORD_BYTES) for _ in chosen]
-        try:
-            found = self.inner.batch_get([record_key(keys[i]) for i in chosen], records)
-        except BackendError:
-            found = [False] * len(chosen)
-        views = self.inner.host_pool.page_buffer_views(host_indices)
-        checked = [
-            (i, record) for i, has, record in zip(chosen, found, records, strict=True) if has
-        ]
-        problems = self._workers.map(
-            lambda item: verify(item[1], keys[item[0]], views[item[0]]), checked
+            trusted = [i for i in range(len(keys)) if keys[i] not in self._distrusted]
+        records = [bytearray(RECORD_BYTES) for _ in trusted]
+        fetching = self._beside().submit(
+            self.inner.batch_get, [record_key(keys[i]) for i in trusted], records
         )
-        outcome = {"verified": 0, "mismatched": 0, "no_record": len(chosen) - len(checked)}
-        for i, has_record in zip(chosen, found, strict=True):
-            if not has_record:
-                hits[i] = False
+        try:
+            hits = list(self.inner.batch_get_v1(keys, host_indices))
+        finally:
+            try:
+                found_all = fetching.result()
+            except BackendError:
+                found_all = [False] * len(trusted)
+        fetched = {
+            i: record for i, has, record in zip(trusted, found_all, records, strict=True) if has
+        }
+        answered = [i for i, hit in enumerate(hits) if hit]
+        chosen = [i for i in answered if i in fetched]
+        # Distrusted keys and pages without a record are misses, whatever the backend says.
+        trusted_set = set(trusted)
+        unrecorded = sum(1 for i in answered if i in trusted_set and i not in fetched)
+        for i in set(answered) - set(chosen):
+            hits[i] = False
+        if not chosen:
+            with self._lock:
+                self._counts["no_record"] += unrecorded
+            return hits
+        views = self.inner.host_pool.page_buffer_views(host_indices)
+        problems = self._workers.map(lambda i: verify(fetched[i], keys[i], views[i]), chosen)
+        outcome = {"verified": 0, "mismatched": 0, "no_record": unrecorded}
         bad: list[str] = []
-        for (i, _), problem in zip(checked, problems, strict=True):
+        for i, problem in zip(chosen, problems, strict=True):
             if problem is None:
                 outcome["verified"] += 1
             else:
@@ -161,6 +183,15 @@ class VerifyLayer(ForwardingBackend):
         for key in bad:
             self._forget(key)
         return hits
+
+    def _beside(self) -> concurrent.futures.ThreadPoolExecutor:
+        """Return the threads that run a call's second half beside its first (started lazily)."""
+        with self._lock:
+            if self._side is None:
+                self._side = concurrent.futures.ThreadPoolExecutor(
+                    CHECKSUM_THREADS, thread_name_prefix="hicache-verify-beside"
+                )
+            return self._side
 
     def exists(self, key: str) -> bool:
         """Return False for a distrusted key; else ask the backend."""
@@ -191,6 +222,10 @@ class VerifyLayer(ForwardingBackend):
         try:
             self.inner.close()
         finally:
+            with self._lock:
+                side, self._side = self._side, None
+            if side is not None:
+                side.shutdown(wait=True)
             self._workers.close()
 
     def _forget(self, key: str) -> None:
