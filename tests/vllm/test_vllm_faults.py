@@ -123,3 +123,27 @@ def test_pages_replaced_behind_the_writer_are_misses_not_tokens(
     assert tokens(replaced) == tokens(baseline(PROMPTS))
     assert stats["backend"]["verify"]["mismatched"] > 0
     assert stats["loaded"] == 0
+
+
+def test_an_unreachable_store_at_start_up_starts_degraded_then_attaches(
+    model: Path,
+    baseline: Callable[[Sequence[Sequence[int]]], Generations],
+    redis_own: LocalService,
+) -> None:
+    """vLLM serves while the store is down at start-up, and stores once it answers."""
+    config = harness.kv_transfer_config({"backend": "redis", "options": redis_own.options})
+    redis_own.stop()
+    with harness.engine(model, config) as llm:  # starts although nothing answers
+        down = harness.generate(llm, PROMPTS)
+        (tier,) = harness.tiers(llm)
+        assert tier.stats()["backend"]["attach"]["attached"] is False
+        redis_own.start()
+        deadline = time.monotonic() + 60
+        while not tier.stats()["backend"]["attach"]["attached"]:
+            assert time.monotonic() < deadline, "the tier never attached the store"
+            time.sleep(0.2)
+        later = harness.prompts(2, 200, 40, seed=6)
+        harness.generate(llm, later)
+        stats = tier.stats()
+    assert tokens(down) == tokens(baseline(PROMPTS))
+    assert stats["stored"] > 0, stats
