@@ -1,7 +1,8 @@
 """Measure a backend against its raw baseline: the library side of ``hicache bench``.
 
-:func:`run_bench` builds the backend exactly as users get it
-(:func:`~hicache_storage.create_backend` with the default layers) and the backend's raw baseline
+:func:`run_bench` builds the backend as users get it (:func:`~hicache_storage.create_backend`
+with the default layers, less the verify layer: the bench checks every page's bytes itself, and
+what verification costs is ``scripts/bench_verify.py``'s to measure) and the backend's raw baseline
 (plain writes and reads of the same bytes to the same medium), then times ``batch_set``,
 ``batch_exists`` and ``batch_get`` against the baseline's ``batch_write`` and ``batch_read``,
 interleaved per repeat so both see the same state of the store. Every value read back is compared
@@ -36,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hicache_storage.backend import StorageBackend
-from hicache_storage.config import Deployment, convert, read_source
+from hicache_storage.config import Deployment, LayerConfig, convert, read_source
 from hicache_storage.errors import ConfigError, HiCacheError, UnsupportedOperationError
 from hicache_storage.factory import create_backend
 from hicache_storage.keys import page_hashes
@@ -56,6 +57,9 @@ __all__ = [
     "parse_sizes",
     "run_bench",
 ]
+
+_LAYERS = LayerConfig(verify=False)
+"""The default layers without verify: a page read back wrong is the bench's to report."""
 
 Progress = Callable[[str], None]
 T = TypeVar("T")
@@ -475,7 +479,7 @@ def _bench_page_size(
     label = f"{name} {format_size(page_size)}"
     parts = [slice(b * batch_size, (b + 1) * batch_size) for b in range(batches)]
 
-    backend = create_backend(name, options)
+    backend = create_backend(name, options, layers=_LAYERS)
     try:
         baseline = None if baseline_type is None else baseline_type(options, Deployment())
     except BaseException:
@@ -609,7 +613,7 @@ def _bench_page_size_v1(
                     raise BenchError(f"{who} loaded wrong bytes into the host pool")
         return n
 
-    backend = create_backend(name, options)
+    backend = create_backend(name, options, layers=_LAYERS)
     baseline = None
     try:
         if baseline_type is not None:
