@@ -27,13 +27,12 @@ Only the page calls are verified; ``get``/``set`` move values the caller checks 
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from hicache_storage.errors import BackendError
 from hicache_storage.kit.integrity import RECORD_BYTES, seal, verify
@@ -48,6 +47,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DISTRUSTED_KEYS", "RECORD_PREFIX", "VerifyLayer", "record_key"]
 
+T = TypeVar("T")
+
 DISTRUSTED_KEYS: Final = 65536
 """Keys a process remembers as distrusted (oldest forgotten first): a bound on memory, a few MB,
 well above the pages one engine's host pool holds."""
@@ -60,6 +61,37 @@ CHECKSUM_THREADS: Final = min(16, os.cpu_count() or 1)
 """Pages checksummed at once: CRC32C releases the GIL on large buffers, so the pages of a batch
 are summed in parallel, on as many threads as cores (at most the sixteen that saturate a host's
 memory bandwidth, see :mod:`hicache_storage.kit.parallel`)."""
+
+
+class _Beside(Generic[T]):
+    """``fn(*args)`` run on a thread of its own while the caller goes on.
+
+    A thread per call, not a pool: the work waits on the store (or on the checksum threads), so
+    a pool sized by cores would queue the calls of many engine threads behind each other, each
+    waiting out a slow store in turn. :meth:`result` joins the thread, so none outlives the call.
+    """
+
+    def __init__(self, fn: Callable[..., T], *args: Any) -> None:
+        self._outcome: tuple[bool, Any] = (False, None)
+        self._thread = threading.Thread(
+            target=self._run, args=(fn, args), name="hicache-verify-beside", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, fn: Callable[..., T], args: tuple[Any, ...]) -> None:
+        try:
+            self._outcome = (True, fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - raised again by result()
+            self._outcome = (False, exc)
+
+    def result(self) -> T:
+        """Wait for the thread; return what ``fn`` returned or raise what it raised."""
+        self._thread.join()
+        done, value = self._outcome
+        if not done:
+            raise value
+        result: T = value
+        return result
 
 
 def record_key(key: str) -> str:
@@ -79,7 +111,6 @@ class VerifyLayer(ForwardingBackend):
             ("verified", "mismatched", "no_record", "unverified", "records_failed"), 0
         )
         self._workers = IOWorkers(CHECKSUM_THREADS, "hicache-verify")
-        self._side: concurrent.futures.ThreadPoolExecutor | None = None
 
     # -- writes -----------------------------------------------------------------------------------
 
@@ -93,9 +124,7 @@ class VerifyLayer(ForwardingBackend):
         if self._foreign:
             return self.inner.batch_set_v1(keys, host_indices)
         views = self.inner.host_pool.page_buffer_views(host_indices)
-        sealing = self._beside().submit(
-            self._workers.map, lambda i: seal(keys[i], views[i]), range(len(keys))
-        )
+        sealing = _Beside(self._workers.map, lambda i: seal(keys[i], views[i]), range(len(keys)))
         try:
             stored = list(self.inner.batch_set_v1(keys, host_indices))
         finally:
@@ -137,9 +166,7 @@ class VerifyLayer(ForwardingBackend):
         with self._lock:
             trusted = [i for i in range(len(keys)) if keys[i] not in self._distrusted]
         records = [bytearray(RECORD_BYTES) for _ in trusted]
-        fetching = self._beside().submit(
-            self.inner.batch_get, [record_key(keys[i]) for i in trusted], records
-        )
+        fetching = _Beside(self.inner.batch_get, [record_key(keys[i]) for i in trusted], records)
         try:
             hits = list(self.inner.batch_get_v1(keys, host_indices))
         finally:
@@ -184,15 +211,6 @@ class VerifyLayer(ForwardingBackend):
             self._forget(key)
         return hits
 
-    def _beside(self) -> concurrent.futures.ThreadPoolExecutor:
-        """Return the threads that run a call's second half beside its first (started lazily)."""
-        with self._lock:
-            if self._side is None:
-                self._side = concurrent.futures.ThreadPoolExecutor(
-                    CHECKSUM_THREADS, thread_name_prefix="hicache-verify-beside"
-                )
-            return self._side
-
     def exists(self, key: str) -> bool:
         """Return False for a distrusted key; else ask the backend."""
         with self._lock:
@@ -222,10 +240,6 @@ class VerifyLayer(ForwardingBackend):
         try:
             self.inner.close()
         finally:
-            with self._lock:
-                side, self._side = self._side, None
-            if side is not None:
-                side.shutdown(wait=True)
             self._workers.close()
 
     def _forget(self, key: str) -> None:
