@@ -1,4 +1,4 @@
-"""The verify layer: a page reaches the caller only if its bytes are the ones written for its key."""
+"""The verify layer: a page reaches the caller only if its bytes are those written for its key."""
 
 from __future__ import annotations
 

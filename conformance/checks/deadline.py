@@ -196,9 +196,9 @@ class TestNothingAfterReturn:
                     (one, b"\x11" * 4096),
                 ]
                 wrong = []
-                for key, value in expected:
+                for key, original in expected:
                     got = instance.get(key)
-                    if got is not None and _bytes(got) != value:
+                    if got is not None and _bytes(got) != original:
                         wrong.append(key)
                 assert not wrong, (
                     f"{len(wrong)} keys hold bytes the caller put in its buffers after the write "

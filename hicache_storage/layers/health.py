@@ -16,9 +16,9 @@ down finish as they would have.
 A miss never trips it, nor does a refusal a retry cannot change (an error whose ``retryable``
 is false: a bad login, a missing bucket), nor an
 :class:`~hicache_storage.errors.InjectedFaultError`: a fault rule draws each call's failure on
-its own, and a breaker opened by one would turn a failure rate into an outage. The layer sits inside degrade: the call that trips it still raises
-on to degrade (an absorbed error, counted there), while the calls it sheds never reach the
-backend and are counted here instead.
+its own, and a breaker opened by one would turn a failure rate into an outage. The layer sits
+inside degrade: the call that trips it still raises on to degrade (an absorbed error, counted
+there), while the calls it sheds never reach the backend and are counted here instead.
 """
 
 from __future__ import annotations
