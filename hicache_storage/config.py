@@ -291,7 +291,7 @@ class LayerConfig(_Config, frozen=True):
         turns it off. It sheds calls as misses, so it applies only under ``degrade``.
     verify
         Check every page a v1 read answers as a hit against the integrity record its writer
-        stored beside it (:mod:`hicache_storage.layers.verify`): a page whose bytes are not the
+        stored beside it (``hicache_storage.layers.verify``): a page whose bytes are not the
         ones written for its key is a counted miss, whatever the backend answered.
     faults
         Inject delays and failures (off unless set).

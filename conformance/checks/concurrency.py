@@ -4,7 +4,7 @@ The racing checks are built to fail a buggy backend on every run, not now and th
 start together at a :class:`threading.Barrier`, every race is repeated over several rounds, the
 readers poll for the whole time a write (or a delete) is in flight, and racing first calls step
 through the backend side by side, each thread giving up the GIL at every call it makes
-(:func:`run_together`). They run without the degrade layer, so an error a reader gets is
+(``run_together``). They run without the degrade layer, so an error a reader gets is
 reported as the error it is, not hidden as a miss.
 """
 
@@ -421,7 +421,7 @@ class TestConcurrency:
         Lazily built state (connections, label caches, pools) must be built under a lock: a
         race there raises only on a fresh instance, after the backend call itself succeeded.
         The calls are released together and interleave at every call they make
-        (:func:`run_together`), on :data:`FIRST_CALL_ROUNDS` fresh instances.
+        (``run_together``), on ``FIRST_CALL_ROUNDS`` fresh instances.
         """
         for round_ in range(FIRST_CALL_ROUNDS):
             with hicache_factory() as instance:

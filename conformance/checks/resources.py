@@ -5,7 +5,7 @@ wrong-sized buffer, a second worker pool built by two first calls that raced pas
 check) grows with every such call. The checks repeat a round of those calls and count after
 each: a backend's own connections and pools reach their steady size in the warm-up round (or
 soon after) and then stay at or under it, a leak raises it again and again. Racing first calls
-are made to race in nearly every round (:func:`.concurrency.run_together`), so a leak that needs
+are made to race in nearly every round (``concurrency.run_together``), so a leak that needs
 a lost race grows in most rounds too, and the counts must stay put for :data:`STEADY_ROUNDS`
 rounds in a row.
 """
@@ -198,7 +198,7 @@ class TestResources:
         Lazily built state (a connection pool, a worker pool, a client) that two first calls both
         build, because the check and the assignment are not under one lock, leaves the loser's
         threads or sockets behind when the instance closes. The calls are released together at a
-        barrier and interleave at every call they make (:func:`.concurrency.run_together`): the
+        barrier and interleave at every call they make (``concurrency.run_together``): the
         race is lost in nearly every round, not now and then.
         """
 

@@ -157,7 +157,7 @@ def _plain(value: Any) -> Any:
 
 
 def kv_settings(hf_config: Any) -> dict[str, Any]:
-    """Return the :data:`KV_SETTINGS` a Hugging Face config states, as sorted JSON data.
+    """Return the ``KV_SETTINGS`` a Hugging Face config states, as sorted JSON data.
 
     ``hf_config`` is a ``transformers`` config object or its dict; settings it lacks (or sets
     to ``None``) are left out. A multimodal config's ``text_config`` is read as well, under
