@@ -22,6 +22,7 @@ again; until then calls fail at once. The child exits when this backend closes o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -134,7 +135,9 @@ class ProcessBackend(StorageBackend):
         description = _describe(pool)
         super().register_host_pool(pool)
         self._pool = description  # a new storage process registers it again
-        self._call("register_host_pool", description)
+        # With no storage process now, the one that replaces it registers the pool.
+        with contextlib.suppress(BackendUnavailableError, BackendTimeoutError):
+            self._call("register_host_pool", description)
 
     def batch_get_v1(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]

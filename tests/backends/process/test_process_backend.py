@@ -373,3 +373,25 @@ def test_the_engine_serves_from_a_storage_process_like_from_the_backend_itself(
     for run in (direct, served):
         assert run.identical and run.storage_hit_tokens > 0 and run.storage_bytes_written > 0
         assert run.storage_bytes_read > 0
+
+
+def test_a_pool_registered_while_no_storage_process_serves_is_registered_by_the_next(
+    tmp_path: Path,
+) -> None:
+    pool = _pool()
+    raw = pool.kv_buffer.view(-1).view(torch.uint8)
+    raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8))
+    written = _page(pool, 0)
+    with create_backend("process", _served(tmp_path / "store")) as backend:
+        pid = _pid(backend)
+        os.kill(pid, signal.SIGKILL)
+        assert _gone(pid)
+        backend.register_host_pool(pool)  # lost or already replaced: never an error
+        _served_again(backend, pid)
+        deadline = time.monotonic() + 30.0
+        while backend.batch_set_v1(["a"], torch.arange(PAGE)) != [True]:
+            assert time.monotonic() < deadline, "the new storage process never took the pool"
+            time.sleep(0.05)
+        raw.zero_()
+        assert backend.batch_get_v1(["a"], torch.arange(PAGE)) == [True]
+        assert _page(pool, 0) == written
