@@ -68,11 +68,16 @@ def test_altered_bytes_change_the_output(
 ) -> None:
     """Negative control: the loaded KV is what the model attends to.
 
-    Bare values (no integrity record) let altered bytes through as hits; the tokens then
-    differ from the baseline, which an engine ignoring loaded KV would not show.
+    Bare values (no integrity record) with the verify layer off let altered bytes through as
+    hits; the tokens then differ from the baseline, which an engine ignoring loaded KV would not
+    show. (With either check on, they are misses: test_vllm_faults.py.)
     """
     store = tmp_path / "store"
-    tier: dict[str, Any] = {"backend": "file", "options": {"root": str(store), "integrity": False}}
+    tier: dict[str, Any] = {
+        "backend": "file",
+        "options": {"root": str(store), "integrity": False},
+        "layers": {"verify": False},
+    }
     config = harness.kv_transfer_config(tier)
     with harness.engine(model, config) as llm:
         harness.generate(llm, PROMPTS)
