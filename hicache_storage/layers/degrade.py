@@ -11,17 +11,15 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, final
-
-from typing_extensions import Buffer
 
 from ..backend import StorageBackend
 from ..errors import BackendError
-from .base import ForwardingBackend
+from .base import AnsweringLayer
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 __all__ = ["DegradeLayer"]
 
@@ -31,7 +29,7 @@ T = TypeVar("T")
 
 
 @final
-class DegradeLayer(ForwardingBackend):
+class DegradeLayer(AnsweringLayer):
     """Answer a miss (``None``/``False``/``0``) when the backend raises a ``BackendError``."""
 
     def __init__(self, inner: StorageBackend, *, log_interval_s: float = 10.0) -> None:
@@ -43,7 +41,7 @@ class DegradeLayer(ForwardingBackend):
         self._suppressed: Counter[tuple[str, str]] = Counter()
         self._last_error = ""
 
-    def _absorb(self, op: str, call: Callable[[], T], fallback: T) -> T:
+    def _answer(self, op: str, call: Callable[[], T], fallback: T) -> T:
         try:
             return call()
         except BackendError as exc:
@@ -70,65 +68,9 @@ class DegradeLayer(ForwardingBackend):
             exc,
         )
 
-    def get(self, key: str, out: Buffer | None = None) -> Buffer | None:
-        """Forward :meth:`StorageBackend.get`; a backend failure is a miss."""
-        return self._absorb("get", lambda: self.inner.get(key, out), None)
-
-    def exists(self, key: str) -> bool:
-        """Forward :meth:`StorageBackend.exists`; a backend failure is ``False``."""
-        return self._absorb("exists", lambda: self.inner.exists(key), False)
-
-    def set(self, key: str, value: Buffer) -> bool:
-        """Forward :meth:`StorageBackend.set`; a backend failure is ``False``."""
-        return self._absorb("set", lambda: self.inner.set(key, value), False)
-
-    def batch_get(self, keys: Sequence[str], outs: Sequence[Buffer]) -> list[bool]:
-        """Forward :meth:`StorageBackend.batch_get`; a backend failure misses every key."""
-        return self._absorb(
-            "batch_get", lambda: self.inner.batch_get(keys, outs), [False] * len(keys)
-        )
-
-    def batch_set(self, keys: Sequence[str], values: Sequence[Buffer]) -> list[bool]:
-        """Forward :meth:`StorageBackend.batch_set`; a backend failure fails every key."""
-        return self._absorb(
-            "batch_set", lambda: self.inner.batch_set(keys, values), [False] * len(keys)
-        )
-
-    def batch_exists(self, keys: Sequence[str]) -> int:
-        """Forward :meth:`StorageBackend.batch_exists`; a backend failure is a prefix of 0."""
-        return self._absorb("batch_exists", lambda: self.inner.batch_exists(keys), 0)
-
-    def batch_get_v1(
-        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
-    ) -> list[bool]:
-        """Forward :meth:`StorageBackend.batch_get_v1`; a backend failure misses every key."""
-        return self._absorb(
-            "batch_get_v1",
-            lambda: self.inner.batch_get_v1(keys, host_indices),
-            [False] * len(keys),
-        )
-
-    def batch_set_v1(
-        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
-    ) -> list[bool]:
-        """Forward :meth:`StorageBackend.batch_set_v1`; a backend failure fails every key."""
-        return self._absorb(
-            "batch_set_v1",
-            lambda: self.inner.batch_set_v1(keys, host_indices),
-            [False] * len(keys),
-        )
-
-    def delete(self, key: str) -> bool:
-        """Forward :meth:`StorageBackend.delete`; a backend failure is ``False``."""
-        return self._absorb("delete", lambda: self.inner.delete(key), False)
-
-    def clear(self) -> None:
-        """Forward :meth:`StorageBackend.clear`; a backend failure is counted and logged."""
-        self._absorb("clear", self.inner.clear, None)
-
     def close(self) -> None:
         """Close the inner backend; a backend failure while closing is counted and logged."""
-        self._absorb("close", self.inner.close, None)
+        self._answer("close", self.inner.close, None)
 
     def stats(self) -> dict[str, Any]:
         """Return the inner stats plus a ``degraded`` section of absorbed errors."""

@@ -27,10 +27,8 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, final
-
-from typing_extensions import Buffer
 
 from ..backend import StorageBackend
 from ..config import HealthConfig
@@ -40,10 +38,10 @@ from ..errors import (
     BackendUnavailableError,
     InjectedFaultError,
 )
-from .base import ForwardingBackend
+from .base import AnsweringLayer
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 __all__ = ["PROBE_KEY", "HealthLayer", "not_answering"]
 
@@ -69,7 +67,7 @@ def not_answering(exc: BaseException) -> bool:
 
 
 @final
-class HealthLayer(ForwardingBackend):
+class HealthLayer(AnsweringLayer):
     """Answer misses at once while the store is down; probe it in the background until it answers.
 
     Parameters
@@ -97,7 +95,7 @@ class HealthLayer(ForwardingBackend):
 
     # -- the breaker --------------------------------------------------------------------------
 
-    def _guard(self, op: str, call: Callable[[], T], shed: T) -> T:
+    def _answer(self, op: str, call: Callable[[], T], shed: T) -> T:
         if self._down:
             with self._lock:
                 if self._down:
@@ -175,62 +173,6 @@ class HealthLayer(ForwardingBackend):
         return self._down
 
     # -- the calls ----------------------------------------------------------------------------
-
-    def get(self, key: str, out: Buffer | None = None) -> Buffer | None:
-        """Forward :meth:`StorageBackend.get`; a miss at once while the store is down."""
-        return self._guard("get", lambda: self.inner.get(key, out), None)
-
-    def exists(self, key: str) -> bool:
-        """Forward :meth:`StorageBackend.exists`; ``False`` at once while the store is down."""
-        return self._guard("exists", lambda: self.inner.exists(key), False)
-
-    def set(self, key: str, value: Buffer) -> bool:
-        """Forward :meth:`StorageBackend.set`; ``False`` at once while the store is down."""
-        return self._guard("set", lambda: self.inner.set(key, value), False)
-
-    def batch_get(self, keys: Sequence[str], outs: Sequence[Buffer]) -> list[bool]:
-        """Forward :meth:`StorageBackend.batch_get`; every key a miss while the store is down."""
-        return self._guard(
-            "batch_get", lambda: self.inner.batch_get(keys, outs), [False] * len(keys)
-        )
-
-    def batch_set(self, keys: Sequence[str], values: Sequence[Buffer]) -> list[bool]:
-        """Forward :meth:`StorageBackend.batch_set`; every key ``False`` while the store is down."""
-        return self._guard(
-            "batch_set", lambda: self.inner.batch_set(keys, values), [False] * len(keys)
-        )
-
-    def batch_exists(self, keys: Sequence[str]) -> int:
-        """Forward :meth:`StorageBackend.batch_exists`; ``0`` at once while the store is down."""
-        return self._guard("batch_exists", lambda: self.inner.batch_exists(keys), 0)
-
-    def batch_get_v1(
-        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
-    ) -> list[bool]:
-        """Forward :meth:`StorageBackend.batch_get_v1`; every key a miss while the store is down."""
-        return self._guard(
-            "batch_get_v1",
-            lambda: self.inner.batch_get_v1(keys, host_indices),
-            [False] * len(keys),
-        )
-
-    def batch_set_v1(
-        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
-    ) -> list[bool]:
-        """Forward :meth:`StorageBackend.batch_set_v1`; every key ``False`` while it is down."""
-        return self._guard(
-            "batch_set_v1",
-            lambda: self.inner.batch_set_v1(keys, host_indices),
-            [False] * len(keys),
-        )
-
-    def delete(self, key: str) -> bool:
-        """Forward :meth:`StorageBackend.delete`; ``False`` at once while the store is down."""
-        return self._guard("delete", lambda: self.inner.delete(key), False)
-
-    def clear(self) -> None:
-        """Forward :meth:`StorageBackend.clear`; nothing (counted) while the store is down."""
-        self._guard("clear", self.inner.clear, None)
 
     def stats(self) -> dict[str, Any]:
         """Return the inner stats plus a ``health`` section: state, trips, probes, calls shed."""
