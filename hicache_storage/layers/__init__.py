@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .attach import AttachingBackend
-from .base import ForwardingBackend
+from .base import AnsweringLayer, ForwardingBackend
 from .degrade import DegradeLayer
 from .faults import FaultInjectionLayer
 from .health import HealthLayer
@@ -12,6 +12,7 @@ from .validation import ValidationLayer
 from .verify import VerifyLayer
 
 __all__ = [
+    "AnsweringLayer",
     "AttachingBackend",
     "DegradeLayer",
     "FaultInjectionLayer",

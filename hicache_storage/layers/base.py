@@ -105,7 +105,7 @@ class ForwardingBackend(StorageBackend):
 class AnsweringLayer(ForwardingBackend):
     """A layer that may answer a data call itself, with a miss, instead of the backend's answer.
 
-    Every data call goes through :meth:`_answer` with the miss that stands for it (``None``,
+    Every data call goes through ``_answer`` with the miss that stands for it (``None``,
     ``False``, ``0``, a ``False`` per key); the degrade layer answers it when the backend
     failed, the health layer while the store is down.
     """
