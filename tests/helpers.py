@@ -12,6 +12,7 @@ import torch
 
 from hicache_storage.conformance.report import Report
 from hicache_storage.hostpool import HostKVPool, MHAHostPool, MLAHostPool
+from hicache_storage.registry import origin_of, registered_backends
 
 LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
 
@@ -153,3 +154,10 @@ def assert_builtin_passes(
     skipped = {c.id for c in report.checks if c.outcome == "skipped"}
     bounded = {c.id for c in report.checks if "bounded" in c.requires}
     assert bounded and (bounded <= skipped) is not claims_bounded
+
+
+def builtin_backends() -> list[str]:
+    """The backends this distribution registers, sorted; a third-party plugin tests its own."""
+    return sorted(
+        name for name in registered_backends() if (origin := origin_of(name)) and origin.builtin
+    )

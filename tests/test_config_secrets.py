@@ -18,7 +18,9 @@ from hicache_storage.bench.engine import BenchConfig
 from hicache_storage.config import convert, load_config
 from hicache_storage.integrations.vllm.config import tier_settings
 from hicache_storage.redact import MASK, is_secret_name, redacted_repr
-from hicache_storage.registry import origin_of, registered_backends
+from hicache_storage.registry import registered_backends
+
+from .helpers import builtin_backends
 
 REDIS_URL = "redis://user:redis-url-pass-1@127.0.0.1:6379/0"
 S3_SECRET = "s3-secret-access-key-2"
@@ -92,17 +94,11 @@ def _assert_masked(record: object, secrets: list[str]) -> None:
         assert MASK in shown
 
 
-BUILT_IN = sorted(
-    name for name in registered_backends() if (origin := origin_of(name)) and origin.builtin
-)
-"""Backends this distribution registers; a third-party plugin's configs are its own to test."""
-
-
 def test_the_built_in_backends_are_found() -> None:
-    assert {"file", "memory", "redis", "s3"} <= set(BUILT_IN)
+    assert {"file", "memory", "redis", "s3"} <= set(builtin_backends())
 
 
-@pytest.mark.parametrize("name", BUILT_IN)
+@pytest.mark.parametrize("name", builtin_backends())
 def test_every_backend_config_masks_its_secrets(name: str) -> None:
     assert name in SECRET_OPTIONS, f"add options with every secret {name!r} accepts"
     schema = registered_backends()[name].load_config_type()
