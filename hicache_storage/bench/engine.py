@@ -466,7 +466,7 @@ class RunResult:
     or first token, does. Token counts are prompt tokens: ``computed_tokens`` were prefilled,
     the hits were reused.
     ``repeat`` numbers the run among the configuration's repeats; ``costs`` are the engine's
-    measured rates at the end (:class:`~hicache_storage.engine.costs.CostModel`);
+    measured rates at the end (:class:`~hicache_storage.planner.rates.CostModel`);
     ``parts_mean_s`` is the mean of each part of the time to first token (:data:`PARTS`),
     ``bound_mean_s`` the mean per-request bound and ``ttft_over_bound`` mean TTFT over it.
     Times are seconds; ``ttft_by_round_s[i]`` is the mean TTFT of round ``i``. The exposed load

@@ -56,20 +56,13 @@ from hicache_storage.keys import (
     logical_dtype,
 )
 from hicache_storage.kit.options import MAX_BYTES, positive_int, share
+from hicache_storage.planner.fetch import FetchView, adaptive_wait_s, fetch_pays
+from hicache_storage.planner.rates import CostModel
 
-from .costs import CostModel
 from .errors import PoolMismatchError
 from .health import Bypass, bypass
 from .loading import EarlyLoad, LayerLoad, LoadTiming
-from .policies import (
-    FetchView,
-    PrefetchPolicy,
-    PrefetchTimeout,
-    WritePolicy,
-    adaptive_wait_s,
-    fetch_pays,
-    prefetch_done_waiting,
-)
+from .policies import PrefetchPolicy, PrefetchTimeout, WritePolicy, prefetch_done_waiting
 from .radix import MatchResult, Node, RadixTree, Tier
 from .storage_io import (
     Backup,
@@ -902,7 +895,7 @@ class TierCache:
 
         The read threads take the oldest fetch's batches first, so the pages ahead are read at
         the store's whole rate (:attr:`CostModel.read_s_per_page
-        <hicache_storage.engine.costs.CostModel.read_s_per_page>`) before this fetch's.
+        <hicache_storage.planner.rates.CostModel.read_s_per_page>`) before this fetch's.
         """
         still: list[Prefetch] = []
         ahead = 0

@@ -7,8 +7,8 @@ is asked or written (:meth:`TierCache._bypassed
 <hicache_storage.engine.cache.TierCache._bypassed>`), and the writes not made are counted with
 the reason (:class:`Bypass`).
 
-Both reasons come from the measured read rate (:class:`~hicache_storage.engine.costs.CostModel`),
-which is forgotten :data:`~hicache_storage.engine.costs.READ_TTL_S` after the last call that
+Both reasons come from the measured read rate (:class:`~hicache_storage.planner.rates.CostModel`),
+which is forgotten :data:`~hicache_storage.planner.rates.READ_TTL_S` after the last call that
 measured it: the next fetch or write then measures the store again, so neither a slow spell nor
 an outage turns storage off for good.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 
-from .costs import CostModel
+from hicache_storage.planner.rates import CostModel
 
 __all__ = ["BYPASS_FACTOR", "Bypass", "bypass"]
 
@@ -40,7 +40,7 @@ def bypass(costs: CostModel, page_size: int, in_flight_s_per_page: float) -> Byp
     """Return why a store should be left alone now, or None to use it.
 
     A store whose recent calls delivered nothing (:attr:`CostModel.failing
-    <hicache_storage.engine.costs.CostModel.failing>`) is failing whatever computing costs: a
+    <hicache_storage.planner.rates.CostModel.failing>`) is failing whatever computing costs: a
     call that failed after its deadline delivered no page in that time. Otherwise the rate is
     the measured one, or before any read has returned, the first read in flight so far
     (``in_flight_s_per_page``; one slow call among measured fast ones bypasses nothing), against

@@ -6,7 +6,7 @@ stages: a query thread asks ``batch_exists`` how many of its pages storage holds
 threads read those pages in batches into host slots the scheduler allocated, the oldest fetch's
 batches first and several at once. Several queries run at once (``query_threads``), up to
 ``read_threads`` read calls, and every call's duration goes to a
-:class:`~hicache_storage.engine.costs.CostModel`. The slots may
+:class:`~hicache_storage.planner.rates.CostModel`. The slots may
 be given up front, or once the query has answered (:meth:`StorageIO.read`), so that host room is
 taken only for pages storage holds. A
 :class:`Backup` names host slots to write under their keys; the write queue is bounded, and a
@@ -42,8 +42,7 @@ from hicache_storage.backend import HostPool, StorageBackend
 from hicache_storage.engine.errors import StorageBugError
 from hicache_storage.errors import BackendError, ConfigError, HostPoolError
 from hicache_storage.kit.options import positive_int
-
-from .costs import CostModel
+from hicache_storage.planner.rates import CostModel
 
 __all__ = ["HURRY_FACTOR", "Backup", "BackupDone", "Prefetch", "PrefetchState", "StorageIO"]
 
@@ -377,7 +376,7 @@ class StorageIO:
         them. Queries and reads, which requests wait on, keep ``nice``.
     shed_failing
         Drop, unwritten, the queued backups the writer comes to while ``costs`` says the store
-        is failing (:attr:`CostModel.failing <hicache_storage.engine.costs.CostModel.failing>`):
+        is failing (:attr:`CostModel.failing <hicache_storage.planner.rates.CostModel.failing>`):
         each would only wait out a deadline, pinning its host pages meanwhile. Reported with
         ``shed`` set.
     pool
@@ -803,7 +802,7 @@ class StorageIO:
         the writer (the host slots are no longer the caller's to read) or while the store is
         failing (:meth:`_shedding`). A call that stored nothing is a failure the cost model
         counts (:meth:`CostModel.observe_failure
-        <hicache_storage.engine.costs.CostModel.observe_failure>`).
+        <hicache_storage.planner.rates.CostModel.observe_failure>`).
         """
         stored = [job.pages > 0 for job in jobs]
         cursor = [0] * len(jobs)  # pages of each job handed to a call so far

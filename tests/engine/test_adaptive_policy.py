@@ -17,23 +17,19 @@ import pytest
 import torch
 
 from hicache_storage import StorageBackend
-from hicache_storage.engine import costs as costs_module
 from hicache_storage.engine.cache import TierCache
-from hicache_storage.engine.costs import MIN_FOUND, READ_SAMPLES, READ_TTL_S, CostModel
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.model import LlamaModel
-from hicache_storage.engine.policies import (
-    FetchView,
-    PrefetchPolicy,
-    adaptive_wait_s,
-    fetch_pays,
-)
+from hicache_storage.engine.policies import PrefetchPolicy
 from hicache_storage.engine.radix import Tier
 from hicache_storage.engine.scheduler import Request, RequestState, Scheduler
 from hicache_storage.engine.storage_io import PrefetchState
 from hicache_storage.errors import ConfigError
 from hicache_storage.keys import page_hashes
 from hicache_storage.layers import ForwardingBackend
+from hicache_storage.planner import rates as costs_module
+from hicache_storage.planner.fetch import FetchView, adaptive_wait_s, fetch_pays
+from hicache_storage.planner.rates import MIN_FOUND, READ_SAMPLES, READ_TTL_S, CostModel
 
 from ._child import CONFIG, PAGE, build_cache, serve, stored_prompt
 
@@ -738,7 +734,11 @@ def test_a_fetch_waits_for_prefetch_capacity_instead_of_reading_a_part(
     memory.register_host_pool(cache.host_pool)  # the engine above registered its own
     pages = (len(prompt) - 1) // PAGE
     assert pages * PAGE <= cache._prefetch_capacity < 2 * pages * PAGE, "one fetch fits, not two"
-    cache.costs.observe_read(10, 0.001)  # measured: 0.1 ms a page, far quicker than computing
+    for _ in range(READ_SAMPLES):  # measured: 0.1 ms a page, far quicker than computing; the
+        cache.costs.observe_read(10, 0.001)  # gated read below is one slow sample, not the median
+    # Computing priced at about 50 ms a token: the second request waits for its turn however
+    # slowly a loaded machine runs the first one's read and forwards.
+    cache.costs.observe_forward(1000, 100.0)
     backend.read_gate.clear()
     first = scheduler.submit(Request(prompt, 4))
     second = scheduler.submit(Request(other, 4))

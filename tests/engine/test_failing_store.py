@@ -18,13 +18,13 @@ import torch
 
 from hicache_storage import StorageBackend, create_backend
 from hicache_storage.config import FaultConfig, FaultRule, LayerConfig
-from hicache_storage.engine.costs import READ_TTL_S, CostModel
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.health import Bypass, bypass
 from hicache_storage.engine.model import LlamaModel
 from hicache_storage.engine.policies import PrefetchPolicy
 from hicache_storage.engine.scheduler import Request
 from hicache_storage.layers import ForwardingBackend
+from hicache_storage.planner.rates import READ_TTL_S, CostModel
 
 from ._child import CONFIG, PAGE, build_cache, conversations
 
