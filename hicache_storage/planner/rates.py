@@ -1,6 +1,6 @@
 """What moving a page costs on this machine, measured while serving: reads, queries, recompute.
 
-The ``adaptive`` prefetch policy (:func:`~hicache_storage.engine.policies.adaptive_wait_s`)
+The ``adaptive`` prefetch policy (:func:`~hicache_storage.planner.fetch.adaptive_wait_s`)
 weighs the time to fetch a request's storage pages against the time to recompute them. Neither is
 a constant: a warm local store reads 8 MiB pages at tens of GB/s, a cold disk or a remote store at
 one, and prefill of the same model runs at different speeds per device and per batch. So both are
@@ -13,6 +13,10 @@ measured by the engine as it serves: :class:`CostModel` keeps
   neighbours) would otherwise price every fetch out, and with no read started nothing would
   measure the store again for :data:`READ_TTL_S`; a store that is slow for good is slow in most
   calls, and a call in flight is priced by its own time meanwhile;
+
+the same median over the last ``batch_set_v1`` calls that stored something, per page: the
+store's write rate, against which the planner's back-pressure
+(:class:`~hicache_storage.planner.writes.WriteGate`) sheds what the store cannot absorb;
 
 and exponentially weighted means of
 
@@ -134,6 +138,8 @@ class CostModel:
         self._clock = clock
         self._reads: collections.deque[float] = collections.deque(maxlen=READ_SAMPLES)
         self._read_at = 0.0
+        self._writes: collections.deque[float] = collections.deque(maxlen=READ_SAMPLES)
+        self._write_at = 0.0
         self._query = _Mean(weight)
         self._found = _Mean(weight)
         self._fit = _Fit(_FIT_DECAY)
@@ -151,6 +157,16 @@ class CostModel:
                     self._reads.clear()  # a fresh measurement, not one with the stale samples
                 self._reads.append(seconds / pages)
                 self._read_at = now
+
+    def observe_write(self, pages: int, seconds: float) -> None:
+        """Record a write call that stored ``pages`` pages in ``seconds``."""
+        if pages > 0 and seconds >= 0:
+            now = self._clock()
+            with self._lock:
+                if now - self._write_at > READ_TTL_S:
+                    self._writes.clear()
+                self._writes.append(seconds / pages)
+                self._write_at = now
 
     def observe_failure(self, *, write: bool = False) -> None:
         """Record a call that delivered nothing: a read sample of infinite seconds a page.
@@ -206,6 +222,18 @@ class CostModel:
             if not self._reads or self._clock() - self._read_at > READ_TTL_S:
                 return None
             return statistics.median(self._reads)
+
+    @property
+    def write_s_per_page(self) -> float | None:
+        """Seconds the store takes to write a page, at its whole rate.
+
+        The median of the last write calls that stored something; None before the first and
+        once none has for :data:`READ_TTL_S`.
+        """
+        with self._lock:
+            if not self._writes or self._clock() - self._write_at > READ_TTL_S:
+                return None
+            return statistics.median(self._writes)
 
     @property
     def failing(self) -> bool:
@@ -273,6 +301,7 @@ class CostModel:
         """Return the current estimates by name (for a benchmark's record)."""
         return {
             "read_s_per_page": self.read_s_per_page,
+            "write_s_per_page": self.write_s_per_page,
             "query_s": self.query_s,
             "found_share": self.found_share,
             "compute_s_per_token": self.compute_s_per_token,

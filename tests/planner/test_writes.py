@@ -1,0 +1,127 @@
+"""Back-pressure on simulated clocks: writes the store cannot keep up with are shed, not queued."""
+
+from __future__ import annotations
+
+import pytest
+
+from hicache_storage.planner.rates import READ_SAMPLES, READ_TTL_S, CostModel
+from hicache_storage.planner.writes import WriteGate
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def gate_on(clock: Clock) -> WriteGate:
+    return WriteGate(CostModel(clock=clock), clock=clock)
+
+
+def serve(
+    gate: WriteGate, clock: Clock, *, offers: int, pages: int, make_s: float, write_s: float
+) -> int:
+    """A caller on one thread: makes ``pages`` pages in ``make_s`` a page, offers them, and
+    writes them itself (``write_s`` a page) when admitted. Returns the pages admitted."""
+    admitted = 0
+    for _ in range(offers):
+        clock.now += make_s * pages
+        ticket = gate.offer(pages)
+        if ticket.admitted:
+            admitted += pages
+            clock.now += write_s * pages
+            gate.done(ticket, pages)
+    return admitted
+
+
+def test_a_store_faster_than_the_caller_takes_every_write() -> None:
+    clock = Clock()
+    gate = gate_on(clock)
+    admitted = serve(gate, clock, offers=200, pages=4, make_s=0.010, write_s=0.001)
+    assert admitted == 800
+    assert gate.stats()["shed_pages"] == {}
+
+
+@pytest.mark.parametrize("ratio", [2, 4, 10])
+def test_a_slow_store_takes_the_share_it_can_write(ratio: int) -> None:
+    """Pages made every 10 ms for a store that writes one in ``ratio`` x 10 ms: it is offered
+    ``ratio`` times what it absorbs, and is given about 1/``ratio`` of the pages."""
+    clock = Clock()
+    gate = gate_on(clock)
+    admitted = serve(gate, clock, offers=2000, pages=4, make_s=0.010, write_s=0.010 * ratio)
+    share = admitted / 8000
+    assert share == pytest.approx(1 / ratio, rel=0.15)
+    assert gate.stats()["shed_pages"]["absorb"] == 8000 - admitted
+
+
+def test_a_backlog_offered_back_to_back_is_shed_not_queued() -> None:
+    """A caller with writes queued offers them with no time between: a store that writes slowly
+    is given almost none of them, so the queue drains at the speed of an answer."""
+    clock = Clock()
+    gate = gate_on(clock)
+    serve(gate, clock, offers=READ_SAMPLES, pages=4, make_s=0.010, write_s=0.100)
+    start = clock.now
+    admitted = serve(gate, clock, offers=500, pages=4, make_s=0.0, write_s=0.100)
+    assert admitted <= 8, "at most a call or two while the caller's own rate is learnt"
+    assert clock.now - start <= 8 * 0.100
+
+
+def test_an_unmeasured_store_is_probed_one_call_at_a_time() -> None:
+    clock = Clock()
+    gate = gate_on(clock)
+    first = gate.offer(4)
+    second = gate.offer(4)
+    assert first.admitted and first.rule == "probe"
+    assert not second.admitted and second.rule == "probe"
+    clock.now += 0.01
+    gate.done(first, 4)
+    assert gate.costs.write_s_per_page == pytest.approx(0.0025)
+
+
+def test_a_failing_store_is_shed_and_probed_until_it_recovers() -> None:
+    clock = Clock()
+    gate = gate_on(clock)
+    for _ in range(READ_SAMPLES):
+        clock.now += 0.01
+        ticket = gate.offer(2)
+        assert ticket.admitted
+        clock.now += 0.5
+        gate.done(ticket, 0)
+    clock.now += 0.01
+    shed = gate.offer(2)
+    assert not shed.admitted and shed.rule == "failing"
+    clock.now += READ_TTL_S
+    probe = gate.offer(2)
+    assert probe.admitted and probe.rule == "failing"
+    assert not gate.offer(2).admitted, "one probe at a time"
+    clock.now += 0.001
+    gate.done(probe, 2)
+    clock.now += 0.01
+    assert gate.offer(2).admitted, "a probe that stored lifts the rule"
+
+
+def test_concurrent_writes_are_priced_at_the_store_s_whole_rate() -> None:
+    """Two calls of 4 pages in flight together for 40 ms: the store writes a page in 5 ms."""
+    clock = Clock()
+    gate = gate_on(clock)
+    warm = gate.offer(1)
+    clock.now += 0.001
+    gate.done(warm, 1)
+    clock.now += 0.1  # the caller made these pages in 100 ms: no backlog
+    a, b = gate.offer(4), gate.offer(4)
+    assert a.admitted and b.admitted
+    clock.now += 0.040
+    gate.done(a, 4)
+    gate.done(b, 4)
+    assert gate.costs.write_s_per_page == pytest.approx(0.005)
+
+
+def test_every_answer_names_its_rule_and_reason() -> None:
+    clock = Clock()
+    gate = gate_on(clock)
+    serve(gate, clock, offers=50, pages=4, make_s=0.010, write_s=0.050)
+    ticket = gate.offer(4)
+    assert ticket.rule == "absorb"
+    assert "ms" in ticket.reason and "store writes" in ticket.reason
