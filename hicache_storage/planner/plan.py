@@ -169,6 +169,17 @@ class Planner:
         else:
             self.costs.observe_failure()
 
+    def probe(self, seconds: float) -> None:
+        """Record a read round trip that moved nothing (a read of a key never stored).
+
+        It prices a page at the round trip until real reads are measured: an adapter that
+        probes its store when it starts knows a store answering in a second is slow before any
+        request waits a second for it. For a store whose pages come many to a call that
+        over-prices a page, which errs toward recomputing only where one round trip costs more
+        than computing a page.
+        """
+        self.costs.observe_read(1, seconds)
+
     def query(self, seconds: float, *, asked: int, found: int) -> None:
         """Record an existence query of ``asked`` pages that found ``found``."""
         self.costs.observe_query(seconds, asked=asked, found=found)

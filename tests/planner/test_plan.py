@@ -113,3 +113,13 @@ def test_page_tokens_must_be_a_positive_int(bad: object) -> None:
         Planner(bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="times"):
         AdmitSeen(bad)  # type: ignore[arg-type]
+
+
+def test_a_probe_round_trip_prices_the_store_before_any_read() -> None:
+    clock = Clock()
+    plan = measured(clock, read_s=None, token_s=0.001)
+    plan.probe(1.0)
+    assert plan.fetchable(10).rule == "recompute", "a second a round trip is slow"
+    fast = measured(Clock(), read_s=None, token_s=0.001)
+    fast.probe(0.0005)
+    assert fast.fetchable(10).rule == "pays"
