@@ -193,6 +193,9 @@ class BenchConfig:
     read_delay_s
         Seconds the fault layer adds before every ``batch_get_v1`` of the storage backend: a
         slow store, to see that the prefetch policy does not wait for it.
+    faults
+        Fault injection on the storage backend (:class:`~hicache_storage.config.FaultConfig`):
+        a failing or slow store; ``read_delay_s``, when set, is added as ``batch_get_v1``'s delay.
     transfer_sms, early_loads, write_backlog, idle_writes
         The cache's options of those names (:class:`~hicache_storage.engine.cache.CacheConfig`).
     write_batch_bytes
@@ -232,6 +235,7 @@ class BenchConfig:
     seed: int = 0
     repeat: int = 1
     read_delay_s: float | None = None
+    faults: FaultConfig | None = None
     transfer_sms: int | None = 16
     early_loads: bool = False
     write_backlog: float = 0.25
@@ -918,9 +922,11 @@ def _stored(name: str) -> bool:
 
 def _open_backend(config: BenchConfig, name: str) -> StorageBackend:
     """Open run ``name``'s storage backend: the default layers, and the fault layer's delay."""
-    faults = None
+    faults = config.faults
     if config.read_delay_s:
-        faults = FaultConfig(ops={"batch_get_v1": FaultRule(delay_s=config.read_delay_s)})
+        base = faults or FaultConfig()
+        delayed = {"batch_get_v1": FaultRule(delay_s=config.read_delay_s)}
+        faults = msgspec.structs.replace(base, ops={**base.ops, **delayed})
     layers = LayerConfig(faults=faults, verify=name != "L1+L2+L3-unverified")
     return create_backend(config.backend, config.backend_config, layers=layers)
 

@@ -15,6 +15,7 @@ from .bench import bench_command
 from .check import check_command
 from .engine import engine_group
 from .kernels import kernels_group
+from .matrix import matrix_command
 
 __all__ = ["main"]
 
@@ -83,5 +84,6 @@ def main() -> None:
 main.add_command(backends_command)
 main.add_command(bench_command)
 main.add_command(check_command)
+engine_group.add_command(matrix_command)
 main.add_command(engine_group)
 main.add_command(kernels_group)

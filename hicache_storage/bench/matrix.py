@@ -1,0 +1,194 @@
+"""The never-worse matrix: the storage tier against the better of no cache and the host alone.
+
+A storage tier is judged by every configuration a user may run, not by the workload it was tuned
+on: model shapes (compute per KV byte), host-to-device ratios (how much the host already holds),
+write and prefetch policies. Each cell of :func:`run_matrix` serves one documents workload
+(documents longer than the device pool holds, each queried in turn) three ways, no cache, the
+device and host pools (``L1+L2``) and the three tiers (``L1+L2+L3``), in one process on one
+machine, and reports ``L1+L2+L3``'s mean and p99 time to first token over the better of the
+other two (:attr:`Cell.baseline`). A failing-store row serves the same workload with every
+storage call failing after the store's deadline, against ``L1+L2``: the host-only run a failing
+store must not make slower.
+
+Nothing is asserted here: :attr:`CellResult.worse` compares a ratio with the goal it is printed
+beside (:data:`GOAL`, :data:`FAILING_GOAL`), so a reader sees which cells miss and by how much.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+
+from hicache_storage.config import FaultConfig, FaultRule
+from hicache_storage.errors import ConfigError
+
+from .engine import BenchConfig, BenchResult, RunResult, run_bench
+
+__all__ = [
+    "FAILING_GOAL",
+    "GOAL",
+    "Cell",
+    "CellResult",
+    "MatrixResult",
+    "cells",
+    "run_matrix",
+]
+
+GOAL = 1.05
+"""Most a cell's ``L1+L2+L3`` TTFT (mean and p99) may be over the better of no cache and L1+L2:
+the issue's bound, the spread of repeated runs of one configuration on one machine."""
+
+FAILING_GOAL = 1.1
+"""Most the failing-store run's TTFT may be over the host-only run's."""
+
+FAILING_STORE = FaultConfig(default=FaultRule(failure_rate=1.0, delay_s=0.05))
+"""Every storage call fails, after 50 ms: a store that times out rather than refusing at once
+(an instant refusal is the easy case). 50 ms is the deadline order of a remote store's call."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One configuration of the matrix.
+
+    Attributes
+    ----------
+    model
+        A bench model name or a ``config.json`` path (:attr:`BenchConfig.model`).
+    host_ratio
+        Host pool over device pool, in tokens (SGLang's ``--hicache-ratio``).
+    write_policy, prefetch_policy
+        The cache's policies, by their SGLang names.
+    failing
+        Serve with every storage call failing (compared with ``L1+L2`` only).
+    """
+
+    model: str
+    host_ratio: float
+    write_policy: str
+    prefetch_policy: str
+    failing: bool = False
+
+    @property
+    def label(self) -> str:
+        """A short name for tables and progress lines."""
+        name = self.model.rsplit("/", 2)[-2] if self.model.endswith(".json") else self.model
+        tail = " failing store" if self.failing else ""
+        return f"{name} host {self.host_ratio:g}x {self.write_policy}/{self.prefetch_policy}{tail}"
+
+
+def cells(
+    models: Sequence[str],
+    ratios: Sequence[float],
+    write_policies: Sequence[str],
+    prefetch_policies: Sequence[str],
+    *,
+    failing: bool = True,
+) -> list[Cell]:
+    """Return every combination, and a failing-store cell per model at the first ratio."""
+    grid = [
+        Cell(model, ratio, write, prefetch)
+        for model in models
+        for ratio in ratios
+        for write in write_policies
+        for prefetch in prefetch_policies
+    ]
+    if failing:
+        grid += [
+            Cell(model, ratios[0], write_policies[0], prefetch_policies[0], failing=True)
+            for model in models
+        ]
+    return grid
+
+
+def cell_config(base: BenchConfig, cell: Cell) -> BenchConfig:
+    """Return ``base`` with ``cell``'s model, policies, host pool and faults."""
+    host = int(base.device_tokens * cell.host_ratio) // base.page_size * base.page_size
+    if host < base.page_size:
+        raise ConfigError(f"host ratio {cell.host_ratio} leaves no host page")
+    return dataclasses.replace(
+        base,
+        model=cell.model,
+        host_tokens=host,
+        write_policy=cell.write_policy,
+        prefetch_policy=cell.prefetch_policy,
+        faults=FAILING_STORE if cell.failing else base.faults,
+    )
+
+
+@dataclass
+class CellResult:
+    """One cell's figures: each configuration's mean and p99 TTFT (seconds), and the ratios."""
+
+    cell: Cell
+    ttft_mean_s: dict[str, float]
+    ttft_p99_s: dict[str, float]
+    storage_hit_tokens: int
+    identical: bool
+    baseline: str
+    mean_ratio: float
+    p99_ratio: float
+    result: BenchResult | None = field(default=None, repr=False)
+
+    @property
+    def goal(self) -> float:
+        """The bound this cell's ratios are held to."""
+        return FAILING_GOAL if self.cell.failing else GOAL
+
+    @property
+    def worse(self) -> bool:
+        """Whether the storage tier made this cell slower than its goal allows."""
+        return max(self.mean_ratio, self.p99_ratio) > self.goal
+
+
+@dataclass
+class MatrixResult:
+    """Every cell's result, in the order run."""
+
+    cells: list[CellResult]
+
+    def to_json(self) -> bytes:
+        """Return the figures (not the per-request records) as JSON."""
+        slim = [dataclasses.replace(cell, result=None) for cell in self.cells]
+        return msgspec.json.format(msgspec.json.encode(slim), indent=1)
+
+
+def summarise(cell: Cell, result: BenchResult) -> CellResult:
+    """Return ``cell``'s ratios from its bench result."""
+    runs: dict[str, RunResult] = {run.name: run for run in result.runs if run.repeat == 0}
+    mean = {name: run.ttft_mean_s for name, run in runs.items()}
+    p99 = {name: run.ttft_p99_s for name, run in runs.items()}
+    candidates = ["L1+L2"] if cell.failing else ["no-cache", "L1+L2"]
+    baseline = min(candidates, key=lambda name: mean[name])
+    tier = runs["L1+L2+L3"]
+    return CellResult(
+        cell=cell,
+        ttft_mean_s=mean,
+        ttft_p99_s=p99,
+        storage_hit_tokens=tier.storage_hit_tokens,
+        identical=all(run.identical for run in runs.values()),
+        baseline=baseline,
+        mean_ratio=mean["L1+L2+L3"] / mean[baseline],
+        p99_ratio=p99["L1+L2+L3"] / min(p99[name] for name in candidates),
+        result=result,
+    )
+
+
+def run_matrix(
+    base: BenchConfig,
+    grid: Iterable[Cell],
+    *,
+    done: Callable[[CellResult], None] | None = None,
+) -> MatrixResult:
+    """Serve every cell of ``grid`` over ``base``'s workload; ``done`` sees each as it ends."""
+    results: list[CellResult] = []
+    for cell in grid:
+        config = cell_config(base, cell)
+        bench = run_bench(config, runs=["L1+L2", "L1+L2+L3"])
+        summary = summarise(cell, bench)
+        results.append(summary)
+        if done is not None:
+            done(summary)
+    return MatrixResult(results)

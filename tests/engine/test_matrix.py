@@ -1,0 +1,74 @@
+"""The never-worse matrix: cells built from one base, ratios over the right baseline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hicache_storage.bench.engine import BenchConfig
+from hicache_storage.bench.matrix import FAILING_STORE, GOAL, cell_config, cells, run_matrix
+from hicache_storage.cli import main
+from hicache_storage.errors import ConfigError
+
+BASE = BenchConfig.for_model(
+    "tiny", workload="documents", clients=3, rounds=2, document_tokens=64, warmup=False
+)
+
+
+def test_cells_cover_every_combination_and_a_failing_store_per_model() -> None:
+    grid = cells(["tiny", "8b"], [0.5, 2], ["write_through", "write_back"], ["adaptive"])
+    assert len(grid) == 2 * 2 * 2 + 2
+    failing = [cell for cell in grid if cell.failing]
+    assert [cell.model for cell in failing] == ["tiny", "8b"]
+    assert "failing store" in failing[0].label
+
+
+def test_a_cell_sets_the_host_pool_by_its_ratio_in_whole_pages() -> None:
+    grid = cells(["tiny"], [0.5, 3], ["write_back"], ["timeout"])
+    half, triple, failing = (cell_config(BASE, cell) for cell in grid)
+    assert half.host_tokens == BASE.device_tokens // 2
+    assert triple.host_tokens == 3 * BASE.device_tokens
+    assert (half.write_policy, half.prefetch_policy) == ("write_back", "timeout")
+    assert half.faults is None and failing.faults == FAILING_STORE
+    assert half.host_tokens % BASE.page_size == 0
+    with pytest.raises(ConfigError, match="no host page"):
+        cell_config(BASE, cells(["tiny"], [0.001], ["write_back"], ["timeout"])[0])
+
+
+def test_the_matrix_reports_the_tier_over_the_better_baseline() -> None:
+    grid = cells(["tiny"], [2.0], ["write_through"], ["adaptive"])
+    result = run_matrix(BASE, grid)
+    served, failing = result.cells
+    assert served.baseline in ("no-cache", "L1+L2")
+    assert served.mean_ratio == pytest.approx(
+        served.ttft_mean_s["L1+L2+L3"]
+        / min(served.ttft_mean_s["no-cache"], served.ttft_mean_s["L1+L2"])
+    )
+    assert served.identical, "every configuration serves the no-cache tokens"
+    assert served.goal == GOAL
+    assert failing.baseline == "L1+L2" and failing.storage_hit_tokens == 0
+    assert failing.mean_ratio == pytest.approx(
+        failing.ttft_mean_s["L1+L2+L3"] / failing.ttft_mean_s["L1+L2"]
+    )
+    stored = json.loads(result.to_json())
+    assert [cell["cell"]["failing"] for cell in stored] == [False, True]
+
+
+def test_the_command_prints_every_cell_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "matrix.json"
+    result = CliRunner().invoke(
+        main,
+        [
+            "engine", "matrix", "--backend", "memory", "--ratios", "1", "--write-policies",
+            "write_back", "--no-failing", "--clients", "2", "--rounds", "2", "--document-tokens",
+            "64", "--json", str(out),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "tiny host 1x write_back/adaptive" in result.output
+    assert len(json.loads(out.read_bytes())) == 1
+    bad = CliRunner().invoke(main, ["engine", "matrix", "--write-policies", "sometimes"])
+    assert bad.exit_code == 2 and "--write-policies" in bad.output
