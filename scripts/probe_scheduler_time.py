@@ -11,7 +11,7 @@ thread while the scheduler's thread was in it (wall time grows alone).
     python scripts/probe_scheduler_time.py --runs L1+L2,L1+L2+L3 --backend file --repeat 3 ...
 
 Every option is handed to ``hicache engine bench`` (``--json`` too). Times nest: ``acquire``
-includes the ``alloc_device`` and ``_backup`` calls it makes.
+includes the ``alloc_device`` and ``backup`` calls it makes.
 """
 
 from __future__ import annotations
@@ -25,27 +25,33 @@ from typing import Any
 
 from hicache_storage.cli import main as cli
 from hicache_storage.engine.cache import TierCache
+from hicache_storage.engine.copies import CopiesInFlight
+from hicache_storage.engine.prefetches import Prefetches
+from hicache_storage.engine.tiers import Tiers
+from hicache_storage.engine.transfers import Transfers
+from hicache_storage.engine.writes import StorageWrites
 
-METHODS = (
-    "lookup",
-    "ready",
-    "acquire",
-    "release",
-    "poll",
-    "start_reads",
-    "alloc_device",
-    "_alloc_host",
-    "_backup",
-    "_write_through",
-    "_mark_in_storage",
-    "_assign_slots",
-    "_start_prefetch",
-    "_copies_into",
-    "_stage",
-    "_retry_stages",
-    "_unpin_loaded",
-    "take_load",
+METHODS: tuple[tuple[type, str], ...] = (
+    (TierCache, "lookup"),
+    (TierCache, "ready"),
+    (TierCache, "acquire"),
+    (TierCache, "release"),
+    (TierCache, "poll"),
+    (TierCache, "start_reads"),
+    (Transfers, "alloc_device"),
+    (StorageWrites, "alloc_host"),
+    (Transfers, "backup"),
+    (TierCache, "_write_through"),
+    (TierCache, "_mark_in_storage"),
+    (Prefetches, "assign_slots"),
+    (Prefetches, "start"),
+    (CopiesInFlight, "copies_into"),
+    (StorageWrites, "stage"),
+    (StorageWrites, "retry_stages"),
+    (CopiesInFlight, "unpin_loaded"),
+    (TierCache, "take_load"),
 )
+"""The methods timed: the cache's entry points, then the parts' steps that move pages."""
 
 seconds: dict[tuple[str, str], float] = collections.defaultdict(float)
 cpu_seconds: dict[tuple[str, str], float] = collections.defaultdict(float)
@@ -53,27 +59,27 @@ calls: collections.Counter[tuple[str, str]] = collections.Counter()
 labels: set[str] = set()
 
 
-def label(cache: TierCache) -> str:
+def label(tiers: Tiers) -> str:
     """Name a cache's configuration the way the bench does."""
-    if not cache.config.prefix_cache:
+    if not tiers.config.prefix_cache:
         return "no-cache"
-    if cache.host_pool is None:
+    if tiers.host_pool is None:
         return "L1"
-    return "L1+L2" if cache.io is None else "L1+L2+L3"
+    return "L1+L2" if tiers.io is None else "L1+L2+L3"
 
 
 def timed(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap ``method`` to add its time on the main thread to its configuration's total."""
     main = threading.main_thread()
 
-    def call(self: TierCache, *args: Any, **kwargs: Any) -> Any:
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if threading.current_thread() is not main:
             return method(self, *args, **kwargs)
         began, cpu_began = time.perf_counter(), time.thread_time()
         try:
             return method(self, *args, **kwargs)
         finally:
-            labels.add(config := label(self))  # by configuration, not id(): ids are reused
+            labels.add(config := label(self.tiers))  # by configuration, not id(): ids are reused
             key = (config, name)
             seconds[key] += time.perf_counter() - began
             cpu_seconds[key] += time.thread_time() - cpu_began
@@ -90,7 +96,7 @@ def report(repeat: int) -> None:
     """
     configs = [c for c in ("no-cache", "L1", "L1+L2", "L1+L2+L3") if c in labels]
     print(f"{'method':18s}" + "".join(f"{c + ' (wall/cpu ms, calls)':>32s}" for c in configs))
-    for name in METHODS:
+    for _, name in METHODS:
         cells = [
             f"{seconds[(c, name)] * 1e3 / repeat:9.2f} {cpu_seconds[(c, name)] * 1e3 / repeat:9.2f}"
             f" {calls[(c, name)] // repeat:7d} x"
@@ -101,8 +107,8 @@ def report(repeat: int) -> None:
 
 def main() -> None:
     """Run the bench with the wrapped methods, then print the table."""
-    for name in METHODS:
-        setattr(TierCache, name, timed(name, getattr(TierCache, name)))
+    for owner, name in METHODS:
+        setattr(owner, name, timed(name, getattr(owner, name)))
     args = sys.argv[1:]
     repeat = int(args[args.index("--repeat") + 1]) if "--repeat" in args else 1
     try:

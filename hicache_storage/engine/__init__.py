@@ -35,7 +35,7 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "CacheConfig": ".cache",
+        "CacheConfig": ".cache_config",
         "build_cache": ".build",
         "TierCache": ".cache",
         "Engine": ".engine",

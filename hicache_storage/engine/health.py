@@ -3,9 +3,9 @@
 Such a store serves no fetch (each would be priced out), yet asking it costs every request an
 existence query and its bookkeeping, and writing to it costs host room, the writer's share of
 the cores and the store's bandwidth, for pages nobody will read. So while it is bypassed nothing
-is asked or written (:meth:`TierCache._bypassed
-<hicache_storage.engine.cache.TierCache._bypassed>`), and the writes not made are counted with
-the reason (:class:`Bypass`).
+is asked or written (:meth:`AdaptiveDecisions.bypass
+<hicache_storage.engine.fetch_decisions.AdaptiveDecisions.bypass>`), and the writes not made are
+counted with the reason (:class:`Bypass`).
 
 Both reasons come from the measured read rate (:class:`~hicache_storage.planner.rates.CostModel`),
 which is forgotten :data:`~hicache_storage.planner.rates.READ_TTL_S` after the last call that

@@ -7,6 +7,11 @@
 - ``adaptive``, whose decision, fetch time against recompute time, is the planner's
   (:func:`hicache_storage.planner.fetch.adaptive_wait_s`).
 
+The cache decides through one object per prefetch policy
+(:func:`~hicache_storage.engine.fetch_decisions.decisions_for`): SGLang's three policies share
+:class:`~hicache_storage.engine.fetch_decisions.FetchDecisions`, ``adaptive`` has
+:class:`~hicache_storage.engine.fetch_decisions.AdaptiveDecisions`.
+
 The names and meanings of the write policies and of three prefetch policies are SGLang's
 (``--hicache-write-policy``, ``--hicache-storage-prefetch-policy``,
 ``prefetch_timeout_base``/``prefetch_timeout_per_ki_token``); ``adaptive`` is ours.

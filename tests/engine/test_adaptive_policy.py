@@ -733,7 +733,7 @@ def test_a_fetch_waits_for_prefetch_capacity_instead_of_reading_a_part(
     assert cache.host_pool is not None
     memory.register_host_pool(cache.host_pool)  # the engine above registered its own
     pages = (len(prompt) - 1) // PAGE
-    assert pages * PAGE <= cache._prefetch_capacity < 2 * pages * PAGE, "one fetch fits, not two"
+    assert pages * PAGE <= cache.prefetches.capacity < 2 * pages * PAGE, "one fetch fits, not two"
     for _ in range(READ_SAMPLES):  # measured: 0.1 ms a page, far quicker than computing; the
         cache.costs.observe_read(10, 0.001)  # gated read below is one slow sample, not the median
     # Computing priced at about 50 ms a token: the second request waits for its turn however

@@ -182,7 +182,7 @@ def test_a_fetch_never_reads_into_host_slots_a_late_copy_still_writes(
     cache = build(device_tokens=96, host_tokens=48, backend=memory_backend)
     assert cache.transfer is not None
     late = LateBackups(cache.transfer)
-    cache.transfer = late  # type: ignore[assignment]
+    cache.tiers.transfer = late  # type: ignore[assignment]
     assert cache.io is not None
     io_indices = cache.io._indices
     fetched_into_late_copies = reads = 0
@@ -212,12 +212,12 @@ def test_a_fetch_waits_only_for_the_copies_into_its_own_slots(
     cache = build(device_tokens=96, host_tokens=48, backend=memory_backend)
     assert cache.transfer is not None
     late = LateBackups(cache.transfer)
-    cache.transfer = late  # type: ignore[assignment]
+    cache.tiers.transfer = late  # type: ignore[assignment]
     first, second, other = (torch.arange(i * 16, i * 16 + 16) for i in range(3))
-    cache._copy_to_host(torch.arange(0, 16), first)
-    cache._copy_to_host(torch.arange(16, 32), second)
-    assert cache._copies_into(other) is None
-    ready = cache._copies_into(torch.cat([first[:1], other]))
+    cache.copies.copy_to_host(torch.arange(0, 16), first)
+    cache.copies.copy_to_host(torch.arange(16, 32), second)
+    assert cache.copies.copies_into(other) is None
+    ready = cache.copies.copies_into(torch.cat([first[:1], other]))
     assert ready is not None and late.landed == 0, "made, not waited for"
     ready()
     assert late.landed == 1 and late.pending_slots() == set(second.tolist())
@@ -456,7 +456,7 @@ def test_background_writes_keep_the_tokens_and_leave_no_thread(
     backlogs: list[tuple[int, int]] = []  # (kept as writes come and go, counted afresh)
 
     def recount(_: object) -> None:
-        pages = sum(len(hashes) for _, hashes, _ in cache._writing.values())
+        pages = sum(len(hashes) for _, hashes, _ in cache.writes.writing.values())
         backlogs.append((cache.write_backlog_tokens, pages * PAGE))
 
     engine.scheduler.on_step = recount

@@ -140,7 +140,7 @@ def test_an_error_while_admitting_one_request_fails_it_alone(
     with Engine(model, build_cache(256, 256, memory)) as engine:
         engine.serve([Request(p, NEW) for p in prompts[:2]])  # storage holds round 1
     cache = build_cache(64, 64, memory)
-    real = cache.alloc_device
+    real = cache.transfers.alloc_device
     calls = {"n": 0}
 
     def alloc_device(count: int) -> torch.Tensor:
@@ -149,7 +149,7 @@ def test_an_error_while_admitting_one_request_fails_it_alone(
             raise RuntimeError("injected allocation failure")
         return real(count)
 
-    monkeypatch.setattr(cache, "alloc_device", alloc_device)
+    monkeypatch.setattr(cache.transfers, "alloc_device", alloc_device)
     with Engine(model, cache) as engine:
         served = engine.serve([Request(p, NEW) for p in prompts[2:]])
         failed = [r for r in served if r.state is RequestState.FAILED]

@@ -86,7 +86,7 @@ def test_a_failing_store_is_shed_and_no_step_waits_behind_its_writes(model: Llam
             batch = [Request(p, 4) for p in prompts[r * CLIENTS : (r + 1) * CLIENTS]]
             got = [request.output for request in engine.serve(batch)]
             assert got == expected[r * CLIENTS : (r + 1) * CLIENTS]
-        assert cache.costs.failing and cache._bypass() is Bypass.FAILING
+        assert cache.costs.failing and cache.decisions.bypass() is Bypass.FAILING
     stats = cache.stats
     assert stats.writes_shed_failing > 0 and stats.writes_shed >= stats.writes_shed_failing
     assert stats.prefetch_priced_out > 0, "once failing, the store is not even asked"
@@ -136,7 +136,8 @@ def test_a_failing_store_is_left_alone_only_under_adaptive(model: LlamaModel) ->
     backend = outage()
     cache = build_cache(64, 48, backend, prefetch_policy=PrefetchPolicy.WAIT_COMPLETE)
     cache.costs.observe_failure()
-    assert cache.costs.failing and not cache._bypassed(), "SGLang's policies write every page"
+    bypassed = cache.decisions.bypassed()
+    assert cache.costs.failing and not bypassed, "SGLang's policies write every page"
     assert cache.io is not None and not cache.io.shed_failing
     cache.close()
     backend.close()

@@ -32,22 +32,22 @@ def backend() -> Iterator[StorageBackend]:
 def outcomes(cache: TierCache, hits: int, misses: int) -> None:
     """Record ``hits`` copies hit on the host and ``misses`` evicted unread."""
     for i, hit in enumerate([True] * hits + [False] * misses):
-        node = SimpleNamespace(id=-1 - len(cache._copy_outcomes) - i)
-        cache._stored_copies[node.id] = None
-        cache._copy_outcome(node, hit=hit)  # type: ignore[arg-type]
+        node = SimpleNamespace(id=-1 - len(cache.stored_copies.outcomes) - i)
+        cache.stored_copies.copied(node)  # type: ignore[arg-type]
+        cache.stored_copies.outcome(node, hit=hit)  # type: ignore[arg-type]
 
 
 def test_copies_pay_until_a_quarter_of_the_measured_ones_is_hit(backend: StorageBackend) -> None:
     cache = build(64, 4 * PAGE, backend)
-    assert cache._stored_copies_pay(), "unmeasured: copies are made"
+    assert cache.stored_copies.pay(), "unmeasured: copies are made"
     outcomes(cache, hits=0, misses=7)
-    assert cache._stored_copies_pay(), "seven outcomes are too few to judge by"
+    assert cache.stored_copies.pay(), "seven outcomes are too few to judge by"
     outcomes(cache, hits=0, misses=1)
-    assert not cache._stored_copies_pay()
-    cache._copy_outcome(SimpleNamespace(id=12345), hit=True)  # type: ignore[arg-type]
-    assert not cache._stored_copies_pay(), "a hit on a page that was not such a copy is no outcome"
+    assert not cache.stored_copies.pay()
+    cache.stored_copies.outcome(SimpleNamespace(id=12345), hit=True)  # type: ignore[arg-type]
+    assert not cache.stored_copies.pay(), "a hit on a page that was not such a copy is no outcome"
     outcomes(cache, hits=3, misses=0)
-    assert cache._stored_copies_pay(), "3 hits of 11"
+    assert cache.stored_copies.pay(), "3 hits of 11"
     cache.close()
 
 
@@ -81,7 +81,7 @@ def test_a_stored_page_evicts_for_its_host_copy_only_while_copies_pay(
     assert cache.host_pool is not None and cache.host_pool.allocator.available_size() == 0
     outcomes(cache, hits=0 if not paying else 8, misses=8)
     copied = cache.stats.pages_backed_up
-    assert cache._backup(node) is paying
+    assert cache.transfers.backup(node) is paying
     assert (Tier.HOST in node.tiers) is paying
     assert cache.stats.pages_backed_up - copied == (6 if paying else 0)
     cache.tree.check()
@@ -89,6 +89,6 @@ def test_a_stored_page_evicts_for_its_host_copy_only_while_copies_pay(
         for host_node in [n for n in cache.tree.nodes() if n.host_indices is not None]:
             if not host_node.lock_ref and not host_node.host_pins and host_node.stored:
                 cache.host_pool.free(cache.tree.evict_host(host_node))
-        assert cache._backup(node) and Tier.HOST in node.tiers
+        assert cache.transfers.backup(node) and Tier.HOST in node.tiers
     cache.tree.check()
     cache.close()

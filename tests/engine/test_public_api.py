@@ -11,7 +11,7 @@ import hicache_storage.engine as engine
 DEFINED_IN = {
     "Engine": "engine",
     "TierCache": "cache",
-    "CacheConfig": "cache",
+    "CacheConfig": "cache_config",
     "LlamaModel": "model",
     "ModelConfig": "model",
     "Scheduler": "scheduler",

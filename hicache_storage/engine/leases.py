@@ -1,0 +1,63 @@
+"""What the cache hands a request: a :class:`Lookup` while it waits, a :class:`Lease` once admitted.
+
+Both are records the scheduler holds and gives back to :class:`TierCache
+<hicache_storage.engine.cache.TierCache>`; only the cache changes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .loading import EarlyLoad
+from .radix import Node
+from .storage_io import Prefetch
+
+__all__ = ["Lease", "Lookup"]
+
+
+@dataclass
+class Lookup:
+    """A waiting request's match and its storage prefetch, from :meth:`TierCache.lookup`."""
+
+    tokens: tuple[int, ...]
+    seed: str | None
+    anchor: Node
+    anchor_len: int
+    fetch: Prefetch | None = None
+    rechecked: bool = False
+    pinned: bool = False
+    """The anchor's host copy is pinned for the fetch (once storage was found to hold pages)."""
+    early: EarlyLoad | None = None
+    """The fetched pages already copied to the device (``early_loads``)."""
+
+
+@dataclass
+class Lease:
+    """An admitted request's hold on its prefix and device slots, until ``release``.
+
+    Attributes
+    ----------
+    slots
+        Device slots of the whole request: the cached prefix's, then fresh ones for every token
+        it computes or generates (whole pages).
+    cached
+        Leading prompt tokens whose KV the cache supplied (ready once the pending load is).
+    device_hit, host_hit, storage_hit
+        How many of them came from each tier.
+    in_storage
+        Prompt tokens ``[begin, end)`` its existence query found in storage: what it computes
+        of them (a fetch cut or not worth it) is not written again.
+    """
+
+    tokens: tuple[int, ...]
+    seed: str | None
+    node: Node
+    slots: torch.Tensor
+    cached: int
+    device_hit: int = 0
+    host_hit: int = 0
+    storage_hit: int = 0
+    released: bool = False
+    in_storage: tuple[int, int] = (0, 0)
