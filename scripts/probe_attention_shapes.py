@@ -21,7 +21,8 @@ from collections.abc import Callable
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from hicache_storage.engine.model import Segment, _attention, _Decodes
+from hicache_storage.engine.attention import Decodes, attention
+from hicache_storage.engine.model import Segment
 
 KERNELS: dict[str, list[SDPBackend] | None] = {
     "torch's default": None,
@@ -60,11 +61,11 @@ def main() -> None:
             for i in range(4)
         ]
         q = torch.randn(4, KV_HEADS * GROUP, DIM, device=device, dtype=dtype)
-        return _Decodes.of(segments, 0).attend(q, k_pool, v_pool)
+        return Decodes.of(segments, 0).attend(q, k_pool, v_pool)
 
     def later_query(context: int) -> torch.Tensor:
         q = torch.randn(64, KV_HEADS * GROUP, DIM, device=device, dtype=dtype)
-        return _attention(q, k_pool[:context], v_pool[:context])
+        return attention(q, k_pool[:context], v_pool[:context])
 
     print(
         f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "  # type: ignore[no-untyped-call]

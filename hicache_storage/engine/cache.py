@@ -69,9 +69,10 @@ from .fetch_decisions import decisions_for
 from .geometry import check_plan, check_pools
 from .leases import Lease, Lookup
 from .loading import LayerLoad, LoadTiming
+from .nodes import Node
 from .policies import WritePolicy
 from .prefetches import Prefetches
-from .radix import Node, RadixTree
+from .radix import RadixTree
 from .storage_io import StorageIO
 from .tiers import Tiers
 from .transfers import Transfers

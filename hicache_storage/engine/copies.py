@@ -17,7 +17,7 @@ import torch
 from hicache_storage.kernels import CopyFence
 
 from .loading import EarlyLoad, LayerLoad
-from .radix import Node
+from .nodes import Node
 from .tiers import Tiers
 
 __all__ = ["CopiesInFlight", "StoredCopies"]

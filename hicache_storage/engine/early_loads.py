@@ -13,7 +13,7 @@ import torch
 
 from .leases import Lookup
 from .loading import EarlyLoad
-from .radix import Tier
+from .nodes import Tier
 from .tiers import Tiers
 
 __all__ = ["EarlyLoads"]

@@ -27,7 +27,7 @@ from hicache_storage.planner.fetch import FetchView, adaptive_wait_s, fetch_pays
 
 from .health import Bypass, bypass
 from .policies import PrefetchPolicy, prefetch_done_waiting
-from .storage_io import Prefetch, PrefetchState
+from .storage_jobs import Prefetch, PrefetchState
 from .tiers import Tiers
 
 __all__ = ["AdaptiveDecisions", "FetchDecisions", "decisions_for"]

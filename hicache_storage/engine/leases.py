@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from .loading import EarlyLoad
-from .radix import Node
-from .storage_io import Prefetch
+from .nodes import Node
+from .storage_jobs import Prefetch
 
 __all__ = ["Lease", "Lookup"]
 

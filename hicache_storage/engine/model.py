@@ -13,6 +13,9 @@ slots of the request's whole context, the new tokens' slots last. A token's posi
 in its context. :meth:`LlamaModel.generate_no_cache` recomputes everything without a pool; it is
 the oracle that the cache must match token for token.
 
+Attention itself, the kernels it runs on and the batching of decodes, is
+:mod:`hicache_storage.engine.attention`'s.
+
 Weights are seeded random (no download), each matrix drawn with standard deviation
 ``1 / sqrt(fan_in)`` and the output projections of attention and MLP scaled down by
 ``1 / sqrt(2 * layers)``, so activations stay of order one however wide or deep the model is.
@@ -20,27 +23,24 @@ Weights are seeded random (no download), each matrix drawn with standard deviati
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import math
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
 
 from hicache_storage.errors import ConfigError, HostPoolError, InvalidValueError
 from hicache_storage.keys import model_identity
 from hicache_storage.kit.options import positive_int
 
+from .attention import Attend, Decodes, attention, attention_blocks, attention_kernels
+
 __all__ = [
-    "ATTENTION_BACKENDS",
     "DTYPES",
     "KVPool",
     "LayerHook",
@@ -63,50 +63,6 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 """The model's floating-point types by name (a ``config.json``'s ``torch_dtype``, ``--dtype``)."""
-
-ATTENTION_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
-"""The attention kernels a forward may use: every one of ``scaled_dot_product_attention``'s but
-cuDNN's. torch 2.11 tries cuDNN first on Hopper for masked attention, and cuDNN builds an
-execution plan for each shape it has not met: on the H200, 43-2,146 ms for four masked decodes
-over a new context length, against about 1 ms once built, which flash and memory-efficient
-attention match without building anything. A serving engine meets a new context length in
-nearly every step, so nearly every step with a batch of decodes paid for a plan."""
-
-
-class _AttentionChoice:
-    """Keeps :data:`ATTENTION_BACKENDS` chosen while any forward runs, in any thread.
-
-    ``sdpa_kernel`` sets process-wide flags and puts back what it found when it exits, so two
-    forwards overlapping in two threads would put back each other's choice: the one that exits
-    last would leave cuDNN off for good, or the first would turn it back on under the other.
-    Here the first forward in makes the choice and the last one out puts the old one back.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._holders = 0
-        self._choice: contextlib.ExitStack | None = None
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """Hold the choice for the body of a ``with`` block."""
-        with self._lock:
-            if self._holders == 0:
-                choice = contextlib.ExitStack()
-                choice.enter_context(sdpa_kernel(list(ATTENTION_BACKENDS)))
-                self._choice = choice
-            self._holders += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._holders -= 1
-                if self._holders == 0 and self._choice is not None:
-                    choice, self._choice = self._choice, None
-                    choice.close()
-
-
-_ATTENTION_CHOICE = _AttentionChoice()
 
 LayerHook = Callable[[int], None]
 """Called with a layer index right before the forward touches that layer of the pool."""
@@ -403,121 +359,6 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return rotated.to(x.dtype)
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Attend ``n`` queries causally over a context whose last ``n`` tokens are theirs.
-
-    Parameters
-    ----------
-    q
-        Queries ``(n, heads, D)``; query ``j`` sits at context position ``c - n + j``.
-    k, v
-        The context's keys and values ``(c, kv_heads, D)``.
-
-    Returns
-    -------
-    torch.Tensor
-        ``(n, heads * D)``.
-    """
-    n, heads, dim = q.shape
-    ctx, kv_heads, _ = k.shape
-    group = heads // kv_heads
-    kt, vt = k.transpose(0, 1), v.transpose(0, 1)
-    if n == 1:
-        # Decode: the one query sees the whole context, so no mask; the query heads of a group
-        # become that key/value head's rows of queries, which avoids expanding K and V.
-        qd = q.view(kv_heads, group, dim)
-        return F.scaled_dot_product_attention(qd, kt, vt).reshape(1, heads * dim)
-    # Query head h reads key/value head h // group (grouped-query attention).
-    qg = q.view(n, kv_heads, group, dim).permute(1, 2, 0, 3)
-    kg = kt.unsqueeze(1).expand(kv_heads, group, ctx, dim)
-    vg = vt.unsqueeze(1).expand(kv_heads, group, ctx, dim)
-    if n == ctx:  # no cached prefix: plain causal attention (the fused kernels' fast path)
-        out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True)
-    else:
-        out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=causal_lower_right(n, ctx))
-    return out.permute(2, 0, 1, 3).reshape(n, heads * dim)
-
-
-@dataclass(frozen=True)
-class _Decodes:
-    """Consecutive one-token segments of a forward, attended in one call a layer.
-
-    A forward with many requests in decode would otherwise gather and attend each one's
-    context alone, a dozen kernel launches apiece in every layer: on a GPU, where such a
-    forward is bound by launches rather than by the bytes it reads, that made a step with
-    four decodes take twice as long as a 64-token prefill over the same 8k context. The
-    contexts are padded to the longest (the padding repeats a row's own first slot and is
-    masked out).
-    """
-
-    rows: slice
-    slots: torch.Tensor
-    """``(B, C)`` pool slots of each row's context, padded to the longest ``C``."""
-    mask: torch.Tensor | None
-    """``(B, 1, 1, C)``, True where a row's context is; None when no row is padded."""
-
-    @classmethod
-    def of(cls, segments: Sequence[Segment], first_row: int) -> _Decodes:
-        """Batch ``segments`` (one new token each) whose rows start at ``first_row``."""
-        lengths = [seg.slots.numel() for seg in segments]
-        longest = max(lengths)
-        device = segments[0].slots.device
-        # Built from the slots where they are, so that nothing waits for the GPU's queue.
-        slots = torch.stack(
-            [
-                torch.cat([seg.slots, seg.slots[:1].expand(longest - n)])
-                if n < longest
-                else seg.slots
-                for seg, n in zip(segments, lengths, strict=True)
-            ]
-        )
-        mask = None
-        if min(lengths) < longest:
-            span = torch.arange(longest, device=device)
-            mask = torch.stack([span < n for n in lengths])[:, None, None, :]
-        return cls(slice(first_row, first_row + len(segments)), slots, mask)
-
-    def attend(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
-        """Return the rows' attention output ``(B, heads * D)`` from the forward's ``q``."""
-        rows = q[self.rows]
-        batch, heads, dim = rows.shape
-        kv_heads = k_pool.shape[1]
-        # As for one decode: a group's query heads are the rows of queries of its KV head.
-        grouped = rows.view(batch, kv_heads, heads // kv_heads, dim)
-        k = k_pool[self.slots].transpose(1, 2)
-        v = v_pool[self.slots].transpose(1, 2)
-        out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=self.mask)
-        return out.reshape(batch, heads * dim)
-
-
-Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-"""Layer index, RoPE'd ``q (T, heads, D)``, ``k`` and ``v (T, kv_heads, D)`` to ``(T, heads*D)``."""
-
-
-def _attention_blocks(
-    segments: Sequence[Segment], bounds: Sequence[int]
-) -> list[_Decodes | tuple[Segment, slice]]:
-    """Split a forward's segments, in row order, into runs of decodes and single segments."""
-    blocks: list[_Decodes | tuple[Segment, slice]] = []
-    run: list[int] = []
-
-    def close_run() -> None:
-        if len(run) > 1:
-            blocks.append(_Decodes.of([segments[i] for i in run], bounds[run[0]]))
-        elif run:
-            blocks.append((segments[run[0]], slice(bounds[run[0]], bounds[run[0] + 1])))
-        run.clear()
-
-    for i, seg in enumerate(segments):
-        if seg.tokens.numel() == 1:
-            run.append(i)
-            continue
-        close_run()
-        blocks.append((seg, slice(bounds[i], bounds[i + 1])))
-    close_run()
-    return blocks
-
-
 GRAPH_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 """A forward's new tokens, padded up to one of these, whose layers replay CUDA graphs."""
 
@@ -779,7 +620,7 @@ class LlamaModel:
         bounds = [0]
         for seg in segments:
             bounds.append(bounds[-1] + seg.tokens.numel())
-        blocks = _attention_blocks(segments, bounds)
+        blocks = attention_blocks(segments, bounds)
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             if layer_ready is not None:
@@ -789,8 +630,8 @@ class LlamaModel:
             v_pool[write_slots] = v
             outs = [
                 block.attend(q, k_pool, v_pool)
-                if isinstance(block, _Decodes)
-                else _attention(q[block[1]], k_pool[block[0].slots], v_pool[block[0].slots])
+                if isinstance(block, Decodes)
+                else attention(q[block[1]], k_pool[block[0].slots], v_pool[block[0].slots])
                 for block in blocks
             ]
             return outs[0] if len(outs) == 1 else torch.cat(outs)
@@ -817,7 +658,7 @@ class LlamaModel:
         """
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return _attention(q, k, v)
+            return attention(q, k, v)
 
         positions = torch.arange(tokens.numel(), device=self.device)
         return self._logits(self._decode(tokens, positions, attend))
@@ -904,14 +745,15 @@ class LlamaModel:
     ) -> torch.Tensor:
         """Run the decoder layers over ``(T,)`` tokens; return the final-normed ``(T, hidden)``.
 
-        Attention runs on :data:`ATTENTION_BACKENDS` only while any forward runs (the choice is
-        process-wide while it lasts, as ``sdpa_kernel`` makes it).
+        Attention runs on :data:`~hicache_storage.engine.attention.ATTENTION_BACKENDS` only while
+        any forward runs (the choice is process-wide while it lasts, as ``sdpa_kernel`` makes
+        it).
         """
         freqs = positions.float()[:, None, None] * self._inv_freq
         cos, sin = freqs.cos(), freqs.sin()
         h = F.embedding(tokens, self.embedding)
         graphs = self._graphs
-        with _ATTENTION_CHOICE.held():
+        with attention_kernels():
             if graphs is not None and graphs.fits(tokens.numel()):
                 h = graphs.decode(h, cos, sin, attend)
             else:

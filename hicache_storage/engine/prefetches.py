@@ -15,8 +15,8 @@ from .copies import CopiesInFlight
 from .early_loads import EarlyLoads
 from .fetch_decisions import FetchDecisions
 from .leases import Lookup
-from .radix import MatchResult, Tier
-from .storage_io import Prefetch, PrefetchState
+from .nodes import MatchResult, Tier
+from .storage_jobs import Prefetch, PrefetchState
 from .tiers import Tiers
 from .transfers import Transfers
 from .writes import StorageWrites

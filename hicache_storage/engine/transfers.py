@@ -17,7 +17,7 @@ from .copies import CopiesInFlight, StoredCopies
 from .early_loads import EarlyLoads
 from .leases import Lookup
 from .loading import LayerLoad
-from .radix import MatchResult, Node, Tier
+from .nodes import MatchResult, Node, Tier
 from .tiers import Tiers
 from .writes import StorageWrites
 

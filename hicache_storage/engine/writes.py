@@ -18,8 +18,8 @@ import torch
 from .copies import CopiesInFlight, StoredCopies
 from .fetch_decisions import FetchDecisions
 from .health import Bypass
-from .radix import Node, Tier
-from .storage_io import Backup, BackupDone
+from .nodes import Node, Tier
+from .storage_jobs import Backup, BackupDone
 from .tiers import Tiers
 
 __all__ = ["StorageWrites"]
