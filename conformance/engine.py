@@ -77,6 +77,7 @@ from hicache_storage.conformance.checks.common import SHARED_POOLS
 from hicache_storage.conformance.report import Outcome
 from hicache_storage.engine.build import build_cache
 from hicache_storage.engine.cache import CacheConfig, TierCache
+from hicache_storage.engine.cache_config import PrefetchConfig, ThreadConfig, WriteConfig
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.model import LlamaModel, ModelConfig
 from hicache_storage.engine.policies import PrefetchPolicy, PrefetchTimeout, WritePolicy
@@ -353,22 +354,26 @@ class _Case:
         backend: StorageBackend | None,
         write: WritePolicy = WritePolicy.WRITE_THROUGH,
         prefetch: PrefetchPolicy = PrefetchPolicy.WAIT_COMPLETE,
-        **config: Any,
+        **prefetching: Any,
     ) -> TierCache:
         """Build a cache over fresh pools small enough to evict to the host and storage.
 
-        The storage threads run at the process's priority (``storage_nice=None``,
-        ``idle_writes=False``): at the engine's defaults they yield to every other process, so on
-        a busy machine the writer all but stops, and what storage holds when a later request
-        asks would depend on the machine's load, not on the backend.
+        ``prefetching`` are further :class:`~hicache_storage.engine.cache_config.PrefetchConfig`
+        settings. The storage threads run at the process's priority (``threads.nice=None``,
+        ``threads.idle_writes=False``): at the engine's defaults they yield to every other
+        process, so on a busy machine the writer all but stops, and what storage holds when a
+        later request asks would depend on the machine's load, not on the backend.
         """
         longest = max(len(t.prompt) + len(t.expected) for r in self.transcript for t in r)
         device_tokens = max(DEVICE_TOKENS, -(-longest // PAGE) * PAGE)
-        config.setdefault("storage_nice", None)
-        config.setdefault("idle_writes", False)
         if prefetch is PrefetchPolicy.TIMEOUT:
-            config.setdefault("prefetch_timeout", _POLICY_TIMEOUT)
-        cache_config = CacheConfig(PAGE, write_policy=write, prefetch_policy=prefetch, **config)
+            prefetching.setdefault("timeout", _POLICY_TIMEOUT)
+        cache_config = CacheConfig(
+            PAGE,
+            write=WriteConfig(policy=write),
+            prefetch=PrefetchConfig(policy=prefetch, **prefetching),
+            threads=ThreadConfig(nice=None, idle_writes=False),
+        )
         return build_cache(
             self.model.config,
             cache_config,
@@ -571,7 +576,7 @@ def _late_pages(case: _Case) -> None:
     # One page a read, so a deadline falls between pages and part of a fetch is used.
     timeout = PrefetchTimeout(base_s=2.5 * _LATE_S, per_page_s=0.0)
     for prefetch in (PrefetchPolicy.TIMEOUT, PrefetchPolicy.BEST_EFFORT):
-        cache = case.cache(backend, prefetch=prefetch, prefetch_timeout=timeout, read_batch_pages=1)
+        cache = case.cache(backend, prefetch=prefetch, timeout=timeout, read_batch_pages=1)
         case.serve(cache, f"{prefetch.value} engine")
     cut = case.totals.get("prefetch_pages_cut", 0)
     if cut == 0 and backend.capabilities.bounded:

@@ -15,6 +15,7 @@ import tempfile
 from hicache_storage import create_backend
 from hicache_storage.engine.build import build_cache
 from hicache_storage.engine.cache import CacheConfig
+from hicache_storage.engine.cache_config import PrefetchConfig
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.model import LlamaModel, ModelConfig
 from hicache_storage.engine.policies import PrefetchPolicy
@@ -53,7 +54,7 @@ def main(root: str) -> None:
         # Wait for every storage read: this tiny model recomputes a page faster than the file
         # store reads it, so the default `adaptive` policy would (rightly) recompute instead,
         # and the example is here to show pages making the round trip.
-        policies = CacheConfig(PAGE, prefetch_policy=PrefetchPolicy.WAIT_COMPLETE)
+        policies = CacheConfig(PAGE, prefetch=PrefetchConfig(policy=PrefetchPolicy.WAIT_COMPLETE))
         cache = build_cache(config, policies, device_tokens=64, host_tokens=48, backend=backend)
         turns = conversations(clients=3, rounds=4)
         with Engine(model, cache) as engine:  # closing flushes the queued storage writes

@@ -8,7 +8,7 @@ loops of the file backend's ``batch_get_v1`` of 128 pages of 8 MiB (1 GiB) from 
 and of its ``batch_set_v1`` of 2 pages (the engine's write-through), each with the native batch
 (``kit.read_files``/``kit.write_files``: the GIL given up once a batch) and page by page on the
 backend's I/O threads (the Python path), and beside a thread that only runs Python; then the
-native read loops again at the engine's storage niceness (``CacheConfig.storage_nice``), in
+native read loops again at the engine's storage niceness (``CacheConfig.threads.nice``), in
 calls of ``--batch-pages`` pages as the engine's read threads make them, and beside threads that
 only copy memory with the GIL given up (``torch`` copies of 256 MiB): what the page copies cost
 a forward through the memory bus alone. ``--decodes N`` times a step of N decodes over 8,256

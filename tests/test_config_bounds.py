@@ -27,6 +27,7 @@ from hicache_storage.config import LayerConfig, check_duration, convert
 from hicache_storage.engine import build
 from hicache_storage.engine.build import check_memory, weight_bytes
 from hicache_storage.engine.cache import CacheConfig
+from hicache_storage.engine.cache_config import ThreadConfig, TransferConfig, WriteConfig
 from hicache_storage.engine.model import LlamaModel, ModelConfig
 from hicache_storage.engine.policies import PrefetchTimeout
 from hicache_storage.errors import ConfigError
@@ -188,19 +189,24 @@ def test_prefetch_timeouts_are_bounded(field: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("field", "value"),
+    ("group", "field", "value"),
     [
-        ("switch_interval_s", 1e300),
-        ("switch_interval_s", math.inf),
-        ("close_timeout_s", 1e300),
-        ("load_max_gbps", math.nan),
-        ("backup_max_gbps", math.inf),
-        ("write_batch_bytes", (1 << 63) - 1),
+        (ThreadConfig, "switch_interval_s", 1e300),
+        (ThreadConfig, "switch_interval_s", math.inf),
+        (None, "close_timeout_s", 1e300),
+        (TransferConfig, "load_max_gbps", math.nan),
+        (TransferConfig, "backup_max_gbps", math.inf),
+        (WriteConfig, "batch_bytes", (1 << 63) - 1),
     ],
 )
-def test_cache_durations_sizes_and_rates_are_bounded(field: str, value: float) -> None:
+def test_cache_durations_sizes_and_rates_are_bounded(
+    group: type | None, field: str, value: float
+) -> None:
     with pytest.raises(ConfigError, match=field):
-        CacheConfig(8, **{field: value})
+        if group is None:
+            CacheConfig(8, **{field: value})
+        else:
+            group(**{field: value})
 
 
 def _tensors(model: LlamaModel) -> list[torch.Tensor]:

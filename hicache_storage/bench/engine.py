@@ -44,6 +44,12 @@ from hicache_storage.backend import StorageBackend
 from hicache_storage.config import FaultConfig, FaultRule, LayerConfig, check_duration
 from hicache_storage.engine.build import build_cache, check_memory
 from hicache_storage.engine.cache import CacheConfig, TierCache
+from hicache_storage.engine.cache_config import (
+    PrefetchConfig,
+    ThreadConfig,
+    TransferConfig,
+    WriteConfig,
+)
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.model import DTYPES, LlamaModel, ModelConfig
 from hicache_storage.engine.policies import PrefetchPolicy, WritePolicy
@@ -800,19 +806,20 @@ def _check_fits(config: BenchConfig, turns: Sequence[Turn]) -> None:
 
 
 def _build_cache(config: BenchConfig, name: str, backend: StorageBackend | None) -> TierCache:
-    defaults: dict[str, Any] = {}  # the cache's own where the bench leaves an option unset
+    writes: dict[str, Any] = {}  # the cache's own where the bench leaves an option unset
     if config.write_batch_bytes is not None:
-        defaults["write_batch_bytes"] = config.write_batch_bytes
+        writes["batch_bytes"] = config.write_batch_bytes
     cache_config = CacheConfig(
         config.page_size,
         prefix_cache=name != "no-cache",
-        write_policy=WritePolicy(config.write_policy),
-        prefetch_policy=PrefetchPolicy(config.prefetch_policy),
-        transfer_sms=config.transfer_sms,
-        early_loads=config.early_loads,
-        write_backlog=config.write_backlog,
-        idle_writes=config.idle_writes,
-        **defaults,
+        write=WriteConfig(
+            policy=WritePolicy(config.write_policy), backlog=config.write_backlog, **writes
+        ),
+        prefetch=PrefetchConfig(
+            policy=PrefetchPolicy(config.prefetch_policy), early_loads=config.early_loads
+        ),
+        threads=ThreadConfig(idle_writes=config.idle_writes),
+        transfer=TransferConfig(sms=config.transfer_sms),
     )
     return build_cache(
         config.model_config(),

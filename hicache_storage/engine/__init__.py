@@ -5,7 +5,8 @@ use, so ``import hicache_storage.engine`` stays cheap:
 
 - :class:`Engine`: model, cache and scheduler together; :class:`Scheduler` and :class:`Request`
   when driving them by hand (:class:`StepRecord`: where a step's time went);
-- :class:`TierCache` and its :class:`CacheConfig` (policies, thresholds, threads), and
+- :class:`TierCache` and its :class:`CacheConfig` with its groups (:class:`WriteConfig`,
+  :class:`PrefetchConfig`, :class:`ThreadConfig`, :class:`TransferConfig`), and
   :func:`build_cache`, which sizes the pools for a model shape and builds the cache over them;
 - :class:`LlamaModel` and its :class:`ModelConfig` (shapes, seeded weights);
 - the engine's errors (:mod:`hicache_storage.engine.errors`).
@@ -22,13 +23,17 @@ __all__ = [
     "LlamaModel",
     "ModelConfig",
     "PoolMismatchError",
+    "PrefetchConfig",
     "Request",
     "RequestFailedError",
     "RequestTypeError",
     "Scheduler",
     "StepRecord",
     "StorageBugError",
+    "ThreadConfig",
     "TierCache",
+    "TransferConfig",
+    "WriteConfig",
     "build_cache",
 ]
 
@@ -36,6 +41,10 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "CacheConfig": ".cache_config",
+        "PrefetchConfig": ".cache_config",
+        "ThreadConfig": ".cache_config",
+        "TransferConfig": ".cache_config",
+        "WriteConfig": ".cache_config",
         "build_cache": ".build",
         "TierCache": ".cache",
         "Engine": ".engine",

@@ -169,11 +169,11 @@ class TierCache:
         self._exact_names = backend is not None and backend.capabilities.foreign_names
         self._model: str | None = None
         on_gpu = device_pool.device.type == "cuda"
-        sms = config.transfer_sms if on_gpu else None
+        sms = config.transfer.sms if on_gpu else None
         transfer = None if host_pool is None else KVTransfer(device_pool, host_pool, sm_budget=sms)
         costs = CostModel()
         token_bytes = device_pool.row_nbytes * device_pool.num_kv * device_pool.layer_num
-        decide = decisions_for(config.prefetch_policy)
+        decide = decisions_for(config.prefetch.policy)
         io: StorageIO | None = None
         self._switch_interval: float | None = None
         if backend is not None and host_pool is not None:
@@ -182,22 +182,22 @@ class TierCache:
             page_bytes = token_bytes * config.page_size
             io = StorageIO(
                 backend,
-                read_batch_pages=config.read_batch_pages,
-                write_capacity=config.write_queue,
+                read_batch_pages=config.prefetch.read_batch_pages,
+                write_capacity=config.write.queue,
                 object_indices=None if self.objects is None else self.objects.object_indices,
-                query_threads=config.query_threads,
-                read_threads=config.read_threads,
-                write_batch_pages=max(1, config.write_batch_bytes // page_bytes),
-                write_linger_s=config.write_linger_s,
+                query_threads=config.threads.queries,
+                read_threads=config.threads.reads,
+                write_batch_pages=max(1, config.write.batch_bytes // page_bytes),
+                write_linger_s=config.write.linger_s,
                 costs=costs,
-                nice=config.storage_nice,
-                idle_writes=config.idle_writes,
+                nice=config.threads.nice,
+                idle_writes=config.threads.idle_writes,
                 shed_failing=decide.sheds_failing,
                 pool=registered,
             )
-            if config.switch_interval_s is not None:
+            if config.threads.switch_interval_s is not None:
                 self._switch_interval = sys.getswitchinterval()
-                sys.setswitchinterval(min(self._switch_interval, config.switch_interval_s))
+                sys.setswitchinterval(min(self._switch_interval, config.threads.switch_interval_s))
         self.tiers = Tiers(
             config=config,
             device_pool=device_pool,
@@ -426,8 +426,8 @@ class TierCache:
             cached = match.matched_len
             fresh = transfers.alloc_device(total_tokens - cached)
             slots = torch.cat([*prefix, fresh]) if prefix else fresh
-            if self.config.write_policy is WritePolicy.WRITE_THROUGH_SELECTIVE:
-                hot = [n for n in path if n.hit_count >= self.config.backup_after_hits]
+            if self.config.write.policy is WritePolicy.WRITE_THROUGH_SELECTIVE:
+                hot = [n for n in path if n.hit_count >= self.config.write.backup_after_hits]
                 if hot:
                     self._write_through(hot[-1])
         except BaseException:  # give back what this admission took; loads already queued stay
@@ -504,7 +504,7 @@ class TierCache:
         self.stats.computed_tokens += max(len(tokens) - lease.cached, 0)
         if keep:
             self._mark_in_storage(lease, tokens[:keep])
-        if self.config.write_policy is WritePolicy.WRITE_THROUGH and keep:
+        if self.config.write.policy is WritePolicy.WRITE_THROUGH and keep:
             self._write_through(last)
 
     def _mark_in_storage(self, lease: Lease, tokens: Sequence[int]) -> None:

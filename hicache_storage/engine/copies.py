@@ -50,7 +50,7 @@ class CopiesInFlight:
         """
         transfer = self.tiers.transfer
         assert transfer is not None
-        transfer.backup(device, host, max_gbps=self.tiers.config.backup_max_gbps)
+        transfer.backup(device, host, max_gbps=self.tiers.config.transfer.backup_max_gbps)
         fence = transfer.fence()
         if self.tiers.io is not None:
             self._in_flight().append((host, fence))

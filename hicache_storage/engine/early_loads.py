@@ -1,10 +1,10 @@
 """Early loads: a waiting request's fetched pages copied to the device as their reads return.
 
-With ``early_loads`` (:class:`~hicache_storage.engine.cache_config.CacheConfig`) a request that
-waits for its storage fetch has each batch of pages copied on to the device as it is read
-(:class:`~hicache_storage.engine.loading.EarlyLoad`), so that at admission only the pages read
-last are left to load. :class:`EarlyLoads` keeps those copies: it gives them device slots, and
-takes the slots back when the request is cancelled or an admission needs the room.
+With ``prefetch.early_loads`` (:class:`~hicache_storage.engine.cache_config.PrefetchConfig`)
+a request that waits for its storage fetch has each batch of pages copied on to the device as it
+is read (:class:`~hicache_storage.engine.loading.EarlyLoad`), so that at admission only the
+pages read last are left to load. :class:`EarlyLoads` keeps those copies: it gives them device
+slots, and takes the slots back when the request is cancelled or an admission needs the room.
 """
 
 from __future__ import annotations
@@ -25,22 +25,24 @@ class EarlyLoads:
     Parameters
     ----------
     tiers
-        The cache's shared state. On a GPU with a storage tier and ``early_loads`` on, the
-        copies run on a side stream of their own.
+        The cache's shared state. On a GPU with a storage tier and ``prefetch.early_loads``
+        on, the copies run on a side stream of their own.
     """
 
     def __init__(self, tiers: Tiers) -> None:
         self.tiers = tiers
         device = tiers.device_pool.device
-        wanted = device.type == "cuda" and tiers.io is not None and tiers.config.early_loads
+        wanted = (
+            device.type == "cuda" and tiers.io is not None and tiers.config.prefetch.early_loads
+        )
         self._stream = torch.cuda.Stream(device) if wanted else None  # type: ignore[no-untyped-call]
         self._waiting: list[Lookup] = []
         self.held = 0
         """Device slots the early loads hold."""
 
     def watch(self, lookup: Lookup) -> None:
-        """Copy ``lookup``'s fetched pages as they are read, when ``early_loads`` is on."""
-        if self.tiers.config.early_loads:
+        """Copy ``lookup``'s fetched pages as they are read, when ``prefetch.early_loads`` is on."""
+        if self.tiers.config.prefetch.early_loads:
             self._waiting.append(lookup)
 
     def forget(self, lookup: Lookup) -> None:
@@ -49,7 +51,7 @@ class EarlyLoads:
             self._waiting.remove(lookup)
 
     def load(self) -> None:
-        """Copy the pages fetches read since the last call to the device (``early_loads``).
+        """Copy the pages fetches read since the last call to the device (``prefetch.early_loads``).
 
         A copy takes free device slots or those of unlocked device pages the host holds too
         (dropping them costs no copy), and never more than half the device pool in all: the
@@ -75,7 +77,7 @@ class EarlyLoads:
                 continue
             if early is None:
                 early = lookup.early = EarlyLoad(
-                    transfer, self._stream, max_gbps=tiers.config.load_max_gbps
+                    transfer, self._stream, max_gbps=tiers.config.transfer.load_max_gbps
                 )
             assert fetch.host_indices is not None
             early.extend(fetch.host_indices[done : done + count], device)

@@ -93,8 +93,8 @@ class FetchDecisions:
         """
         config = self.tiers.config
         return prefetch_done_waiting(
-            config.prefetch_policy,
-            config.prefetch_timeout,
+            config.prefetch.policy,
+            config.prefetch.timeout,
             finished=False,
             pages=fetch.target_pages,
             elapsed_s=time.monotonic() - fetch.started,

@@ -30,7 +30,7 @@ class Lookup:
     pinned: bool = False
     """The anchor's host copy is pinned for the fetch (once storage was found to hold pages)."""
     early: EarlyLoad | None = None
-    """The fetched pages already copied to the device (``early_loads``)."""
+    """The fetched pages already copied to the device (``prefetch.early_loads``)."""
 
 
 @dataclass

@@ -38,7 +38,7 @@ class WritePolicy(str, enum.Enum):
     WRITE_THROUGH = "write_through"
     """Back up every new page at once (L1→L2→L3): the most hits, the most write traffic."""
     WRITE_THROUGH_SELECTIVE = "write_through_selective"
-    """Back up a page once it has been hit ``backup_after_hits`` times: only reused pages."""
+    """Back up a page once it has been hit ``write.backup_after_hits`` times: only reused pages."""
     WRITE_BACK = "write_back"
     """Back up only what eviction would otherwise lose: the least traffic, no L3 copy of what
     never leaves the device (another engine sharing the storage cannot hit it)."""

@@ -64,7 +64,7 @@ class Prefetches:
         self.writes = writes
         self.early = early
         config, host_pool = tiers.config, tiers.host_pool
-        capacity = config.prefetch_capacity
+        capacity = config.prefetch.capacity
         if capacity is None and host_pool is not None:
             capacity = max(config.page_size, host_pool.size // 2)
         self.capacity = capacity or 0
@@ -84,7 +84,7 @@ class Prefetches:
         tiers = self.tiers
         page = tiers.page_size
         pages = len(match.remainder) // page
-        if tiers.io is None or pages < tiers.config.prefetch_threshold:
+        if tiers.io is None or pages < tiers.config.prefetch.threshold:
             return
         if self.decisions.bypassed():  # nothing it holds could pay: not worth asking
             tiers.stats.prefetches += 1
@@ -147,7 +147,7 @@ class Prefetches:
             ):
                 waiting.append((fetch, lookup))
                 continue
-            if pages < tiers.config.prefetch_threshold:
+            if pages < tiers.config.prefetch.threshold:
                 stats.prefetch_no_room += pages < hits  # else too short to be worth it
                 fetch.cancel()
                 continue

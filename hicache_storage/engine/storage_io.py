@@ -620,14 +620,14 @@ class StorageIO:
                 self._done_ready.notify_all()
 
 
-def check_linger(linger: object) -> None:
+def check_linger(linger: object, name: str = "write_linger_s") -> None:
     """Raise :class:`ConfigError` unless ``linger`` is a number of seconds in ``[0, 1)``."""
     if (
         isinstance(linger, bool)
         or not isinstance(linger, int | float)
         or not 0 <= linger < 1  # also refuses NaN
     ):
-        raise ConfigError(f"write_linger_s must be a number in [0, 1), got {linger!r}")
+        raise ConfigError(f"{name} must be a number in [0, 1), got {linger!r}")
 
 
 def check_nice(nice: object, name: str = "nice") -> None:

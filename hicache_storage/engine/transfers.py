@@ -219,7 +219,7 @@ class Transfers:
         host = torch.cat([h for h, _ in self._loads])
         device = torch.cat([d for _, d in self._loads])
         self._loads.clear()
-        load = LayerLoad(transfer, host, device, max_gbps=self.tiers.config.load_max_gbps)
+        load = LayerLoad(transfer, host, device, max_gbps=self.tiers.config.transfer.load_max_gbps)
         self.copies.track_load(load, self._load_pins)
         self._load_pins = []
         return load

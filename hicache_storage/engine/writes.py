@@ -61,7 +61,7 @@ class StorageWrites:
         self._writing_pages = 0
         """Pages of :attr:`writing`, kept as it changes (the scheduler asks every step)."""
         host_size = 0 if tiers.host_pool is None else tiers.host_pool.size
-        self._backlog_tokens = max(tiers.page_size, int(host_size * tiers.config.write_backlog))
+        self._backlog_tokens = max(tiers.page_size, int(host_size * tiers.config.write.backlog))
         self._write_failed: set[int] = set()
         self._unstaged: list[Node] = []
         """Device nodes a write-through found no host room for, staged as room frees."""

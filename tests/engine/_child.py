@@ -20,6 +20,7 @@ import torch
 
 from hicache_storage import StorageBackend, create_backend
 from hicache_storage.engine.cache import CacheConfig, TierCache
+from hicache_storage.engine.cache_config import PrefetchConfig, WriteConfig
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.model import LlamaModel, ModelConfig
 from hicache_storage.engine.policies import PrefetchPolicy, WritePolicy
@@ -59,7 +60,7 @@ def build_cache(
     c = CONFIG
     device = DevicePool.mha(device_tokens, c.layers, c.kv_heads, c.head_dim, c.dtype)
     host = host_pool(host_tokens) if host_tokens else None
-    config.setdefault("prefetch_policy", PrefetchPolicy.WAIT_COMPLETE)
+    config.setdefault("prefetch", PrefetchConfig(PrefetchPolicy.WAIT_COMPLETE))
     return TierCache(device, host, backend, CacheConfig(PAGE, **config))
 
 
@@ -128,8 +129,8 @@ def serve_job(job_json: str, result_path: str) -> None:
         job["device_tokens"],
         job["host_tokens"],
         backend,
-        write_policy=WritePolicy(job["write_policy"]),
-        prefetch_policy=PrefetchPolicy(job["prefetch_policy"]),
+        write=WriteConfig(WritePolicy(job["write_policy"])),
+        prefetch=PrefetchConfig(PrefetchPolicy(job["prefetch_policy"])),
     )
     outputs: list[list[int]] = []
     try:

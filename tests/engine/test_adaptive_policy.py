@@ -18,6 +18,7 @@ import torch
 
 from hicache_storage import StorageBackend
 from hicache_storage.engine.cache import TierCache
+from hicache_storage.engine.cache_config import PrefetchConfig, ThreadConfig, WriteConfig
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.model import LlamaModel
 from hicache_storage.engine.policies import PrefetchPolicy
@@ -324,7 +325,7 @@ def stored(model: LlamaModel) -> Iterator[tuple[StorageBackend, list[int], list[
 
 
 def adaptive_cache(backend: StorageBackend) -> TierCache:
-    return build_cache(512, 512, backend, prefetch_policy=PrefetchPolicy.ADAPTIVE)
+    return build_cache(512, 512, backend, prefetch=PrefetchConfig(PrefetchPolicy.ADAPTIVE))
 
 
 def warm(scheduler: Scheduler) -> None:
@@ -555,7 +556,8 @@ def test_pages_after_a_recomputed_stored_prefix_reach_storage_through_staging(
 ) -> None:
     memory, prompt, _ = stored
     backend = Gated(memory)
-    cache = build_cache(512, host_tokens, backend, prefetch_policy=PrefetchPolicy.ADAPTIVE)
+    adaptive = PrefetchConfig(PrefetchPolicy.ADAPTIVE)
+    cache = build_cache(512, host_tokens, backend, prefetch=adaptive)
     scheduler = Scheduler(model, cache)
     cache.costs.observe_forward(1000, 1.0)
     # Known slow: 10 ms a page against 4 to compute one, so the stored prompt is recomputed;
@@ -679,7 +681,7 @@ def test_an_unmeasured_store_is_probed_by_one_fetch_at_a_time(
     for request in (first, second):
         run(scheduler, request)  # both served while the first read is held
         assert request.output == expected and request.storage_hit == 0
-    batches = -(-len(prompt) // (PAGE * cache.config.read_batch_pages))
+    batches = -(-len(prompt) // (PAGE * cache.config.prefetch.read_batch_pages))
     assert 1 <= backend.reads <= batches, (
         "only the first fetch's batches were read: the second waited for them to measure the store"
     )
@@ -793,11 +795,11 @@ def test_a_storage_tier_lowers_the_switch_interval_while_it_runs(
     before = sys.getswitchinterval()
     sys.setswitchinterval(0.005)
     try:
-        cache = build_cache(64, 64, memory, switch_interval_s=0.0005)
+        cache = build_cache(64, 64, memory, threads=ThreadConfig(switch_interval_s=0.0005))
         assert sys.getswitchinterval() == pytest.approx(0.0005)
         cache.close()
         assert sys.getswitchinterval() == pytest.approx(0.005), "close gives it back"
-        untouched = build_cache(64, 64, memory, switch_interval_s=None)
+        untouched = build_cache(64, 64, memory, threads=ThreadConfig(switch_interval_s=None))
         assert sys.getswitchinterval() == pytest.approx(0.005)
         untouched.close()
         assert sys.getswitchinterval() == pytest.approx(0.005)
@@ -815,7 +817,7 @@ def test_storage_threads_run_at_the_configured_niceness(
     memory, _, _ = stored
     own = os.getpriority(os.PRIO_PROCESS, 0)
     for nice, expected in ((max(own, 7), max(own, 7)), (None, own)):
-        cache = build_cache(64, 64, memory, storage_nice=nice)
+        cache = build_cache(64, 64, memory, threads=ThreadConfig(nice=nice))
         threads = [t for t in cache.threads if isinstance(t, threading.Thread)]
         assert threads
         deadline = time.monotonic() + WAIT_S
@@ -834,7 +836,7 @@ def test_the_writer_alone_runs_under_sched_idle_unless_turned_off(
     stored: tuple[StorageBackend, list[int], list[int]], idle: bool
 ) -> None:
     memory, _, _ = stored
-    cache = build_cache(64, 64, memory, idle_writes=idle)
+    cache = build_cache(64, 64, memory, threads=ThreadConfig(idle_writes=idle))
     try:
         threads = [t for t in cache.threads if isinstance(t, threading.Thread)]
         policies = {}
@@ -854,23 +856,23 @@ def test_the_writer_alone_runs_under_sched_idle_unless_turned_off(
 
 @pytest.mark.parametrize("value", [1, "true", None])
 def test_idle_writes_that_is_not_a_bool_is_refused(value: object) -> None:
-    with pytest.raises(ConfigError, match="idle_writes"):
-        build_cache(64, 64, None, idle_writes=value)
+    with pytest.raises(ConfigError, match=r"threads\.idle_writes"):
+        build_cache(64, 64, None, threads=ThreadConfig(idle_writes=value))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("value", [-1, 20, True, 1.5, "3"])
 def test_a_storage_niceness_outside_0_19_is_refused(value: object) -> None:
-    with pytest.raises(ConfigError, match="storage_nice"):
-        build_cache(64, 64, None, storage_nice=value)
+    with pytest.raises(ConfigError, match=r"threads\.nice"):
+        build_cache(64, 64, None, threads=ThreadConfig(nice=value))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("value", [0, -0.001, float("inf"), True, "0.001"])
 def test_a_switch_interval_that_is_not_a_positive_number_is_refused(value: object) -> None:
-    with pytest.raises(ConfigError, match="switch_interval_s"):
-        build_cache(64, 64, None, switch_interval_s=value)
+    with pytest.raises(ConfigError, match=r"threads\.switch_interval_s"):
+        build_cache(64, 64, None, threads=ThreadConfig(switch_interval_s=value))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("value", [-0.01, 1, float("nan"), True, "0.02", None])
 def test_a_write_linger_outside_zero_to_one_second_is_refused(value: object) -> None:
-    with pytest.raises(ConfigError, match="write_linger_s"):
-        build_cache(64, 64, None, write_linger_s=value)
+    with pytest.raises(ConfigError, match=r"write\.linger_s"):
+        build_cache(64, 64, None, write=WriteConfig(linger_s=value))  # type: ignore[arg-type]

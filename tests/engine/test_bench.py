@@ -420,8 +420,8 @@ def test_the_write_width_reaches_the_cache_and_is_checked() -> None:
     wide = _build_cache(BenchConfig(write_batch_bytes=1 << 26), "L1+L2", None)
     plain = _build_cache(BenchConfig(), "L1+L2", None)
     try:
-        assert wide.config.write_batch_bytes == 1 << 26
-        assert plain.config.write_batch_bytes == CacheConfig(8).write_batch_bytes
+        assert wide.config.write.batch_bytes == 1 << 26
+        assert plain.config.write.batch_bytes == CacheConfig(8).write.batch_bytes
     finally:
         wide.close()
         plain.close()
@@ -439,8 +439,8 @@ def test_idle_writes_reaches_the_cache_and_is_checked() -> None:
     off = _build_cache(BenchConfig(idle_writes=False), "L1+L2", None)
     plain = _build_cache(BenchConfig(), "L1+L2", None)
     try:
-        assert off.config.idle_writes is False
-        assert plain.config.idle_writes is CacheConfig(8).idle_writes is True
+        assert off.config.threads.idle_writes is False
+        assert plain.config.threads.idle_writes is CacheConfig(8).threads.idle_writes is True
     finally:
         off.close()
         plain.close()

@@ -14,6 +14,7 @@ import torch
 
 from hicache_storage import StorageBackend, create_backend
 from hicache_storage.engine.cache import CacheConfig, TierCache
+from hicache_storage.engine.cache_config import PrefetchConfig
 from hicache_storage.engine.policies import PrefetchPolicy
 from hicache_storage.engine.radix import Tier
 from hicache_storage.hostpool import MLAHostPool
@@ -34,7 +35,7 @@ def backend() -> Iterator[StorageBackend]:
 def mla_cache(backend: StorageBackend, layout: str, device_tokens: int = 32) -> TierCache:
     device = DevicePool.mla(device_tokens, LAYERS, DIM, torch.float32)
     host = MLAHostPool(24, PAGE, LAYERS, DIM, torch.float32, layout, pin_memory=False)
-    config = CacheConfig(PAGE, prefetch_policy=PrefetchPolicy.WAIT_COMPLETE, prefetch_capacity=16)
+    config = CacheConfig(PAGE, prefetch=PrefetchConfig(PrefetchPolicy.WAIT_COMPLETE, capacity=16))
     return TierCache(device, host, backend, config)
 
 

@@ -19,6 +19,7 @@ import torch
 
 from hicache_storage import StorageBackend, create_backend
 from hicache_storage.engine.cache import TierCache
+from hicache_storage.engine.cache_config import PrefetchConfig, WriteConfig
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.model import LlamaModel
 from hicache_storage.engine.policies import PrefetchPolicy
@@ -161,10 +162,12 @@ def test_close_returns_while_a_write_never_does_and_no_queued_write_is_made_afte
         512,
         backend,
         close_timeout_s=CLOSE_S,
-        write_batch_bytes=page_bytes,  # a page a call: the writer has more to write after one
-        write_queue=2,  # and a full queue in front of close's stop
-        write_linger_s=0.0,
-        prefetch_policy=PrefetchPolicy.BEST_EFFORT,
+        write=WriteConfig(
+            batch_bytes=page_bytes,  # a page a call: the writer has more to write after one
+            queue=2,  # and a full queue in front of close's stop
+            linger_s=0.0,
+        ),
+        prefetch=PrefetchConfig(PrefetchPolicy.BEST_EFFORT),
     )
     engine = Engine(model, cache)
     for seed in range(4):

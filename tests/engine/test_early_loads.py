@@ -16,7 +16,9 @@ import torch
 
 from hicache_storage import StorageBackend
 from hicache_storage.engine.cache import TierCache
+from hicache_storage.engine.cache_config import PrefetchConfig, TransferConfig
 from hicache_storage.engine.model import LlamaModel
+from hicache_storage.engine.policies import PrefetchPolicy
 from hicache_storage.engine.radix import Tier
 from hicache_storage.engine.scheduler import Request, RequestState, Scheduler
 from hicache_storage.engine.storage_io import PrefetchState
@@ -60,9 +62,13 @@ def stored(model: LlamaModel) -> Iterator[tuple[StorageBackend, list[int], list[
     memory.close()
 
 
-def fresh_cache(backend: StorageBackend, device_tokens: int = 512, **config: object) -> TierCache:
-    config.setdefault("early_loads", True)
-    return build_cache(device_tokens, 512, backend, read_batch_pages=BATCH, **config)
+def fresh_cache(
+    backend: StorageBackend, device_tokens: int = 512, *, early_loads: bool = True
+) -> TierCache:
+    prefetch = PrefetchConfig(
+        PrefetchPolicy.WAIT_COMPLETE, read_batch_pages=BATCH, early_loads=early_loads
+    )
+    return build_cache(device_tokens, 512, backend, prefetch=prefetch)
 
 
 def device_unaccounted(cache: TierCache) -> int:
@@ -221,8 +227,9 @@ def test_pages_the_device_gained_meanwhile_give_their_early_slots_back(
 
 
 @pytest.mark.parametrize(
-    ("name", "value"), [("early_loads", 1), ("transfer_sms", 0), ("transfer_sms", True)]
+    ("group", "name", "value"),
+    [(PrefetchConfig, "early_loads", 1), (TransferConfig, "sms", 0), (TransferConfig, "sms", True)],
 )
-def test_bad_early_load_options_are_refused(name: str, value: object) -> None:
+def test_bad_early_load_options_are_refused(group: type, name: str, value: object) -> None:
     with pytest.raises(ConfigError, match=name):
-        build_cache(64, 64, None, **{name: value})
+        group(**{name: value})

@@ -14,6 +14,7 @@ import torch
 
 from hicache_storage import FaultConfig, FaultRule, LayerConfig, StorageBackend, create_backend
 from hicache_storage.engine.cache import CacheConfig, TierCache
+from hicache_storage.engine.cache_config import PrefetchConfig, WriteConfig
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.errors import InvalidRequestError
 from hicache_storage.engine.model import LlamaModel, ModelConfig
@@ -41,7 +42,6 @@ def build(
     device_tokens: int,
     host_tokens: int,
     backend: StorageBackend | None,
-    policy: WritePolicy = WritePolicy.WRITE_THROUGH,
     layout: str = "layer_first",
     **config: Any,
 ) -> TierCache:
@@ -52,8 +52,8 @@ def build(
         if host_tokens
         else None
     )
-    config.setdefault("prefetch_policy", PrefetchPolicy.WAIT_COMPLETE)
-    return TierCache(device, host, backend, CacheConfig(PAGE, write_policy=policy, **config))
+    config.setdefault("prefetch", PrefetchConfig(PrefetchPolicy.WAIT_COMPLETE))
+    return TierCache(device, host, backend, CacheConfig(PAGE, **config))
 
 
 def conversations(rounds: int, clients: int, seed: int = 0) -> list[list[int]]:
@@ -95,7 +95,9 @@ def test_every_tier_gives_the_tokens_of_recompute(
     expected = run(Engine(model, None), [list(p) for p in prompts])
     # A device pool of a few requests' pages forces evictions to the host, a small host pool
     # pushes pages on to storage, and later rounds bring them back.
-    cache = build(device_tokens=64, host_tokens=48, backend=memory_backend, policy=policy)
+    cache = build(
+        device_tokens=64, host_tokens=48, backend=memory_backend, write=WriteConfig(policy)
+    )
     assert run(Engine(model, cache), [list(p) for p in prompts]) == expected
     cache.tree.check()
     stats = cache.stats
@@ -325,10 +327,10 @@ def test_backups_write_as_many_pages_a_call_as_write_batch_bytes_holds(
         cache = build(256, 256, counting)
         page_bytes = cache.token_bytes * PAGE
         cache.close()
-        options: dict[str, Any] = {"write_backlog": 1.0}  # the writer is never hurried
+        options: dict[str, Any] = {"backlog": 1.0}  # the writer is never hurried
         if pages is not None:
-            options["write_batch_bytes"] = pages * page_bytes + page_bytes // 2
-        cache = build(256, 256, counting, **options)
+            options["batch_bytes"] = pages * page_bytes + page_bytes // 2
+        cache = build(256, 256, counting, write=WriteConfig(**options))
         run(Engine(model, cache), [list(prompt)])
         assert sum(counting.sets) == cache.stats.pages_stored > 2
         calls[name] = counting.sets
@@ -352,7 +354,7 @@ def _host_full_of_unwritten_pages(
     cache = build(64, 48, counting)
     one_page = cache.token_bytes * PAGE
     cache.close()
-    cache = build(64, 48, counting, write_batch_bytes=one_page, write_backlog=1.0)
+    cache = build(64, 48, counting, write=WriteConfig(batch_bytes=one_page, backlog=1.0))
     if read_s_per_page is not None:
         cache.costs.observe_read(1, read_s_per_page)
     assert run(Engine(model, cache), [list(p) for p in prompts]) == expected
@@ -392,7 +394,7 @@ def test_a_store_that_reads_slower_than_compute_is_not_waited_for_host_room(
 def test_a_backlog_past_its_share_of_the_host_hurries_the_writer_before_room_runs_out(
     model: LlamaModel, backlog: float
 ) -> None:
-    """Pages waiting to be written past ``write_backlog`` of the host make the writer go wide.
+    """Pages waiting to be written past ``write.backlog`` of the host make the writer go wide.
 
     The host holds every page here, so no room is ever waited for: only the backlog's share
     can hurry the writer.
@@ -403,7 +405,7 @@ def test_a_backlog_past_its_share_of_the_host_hurries_the_writer_before_room_run
     cache = build(512, 1024, counting)
     one_page = cache.token_bytes * PAGE
     cache.close()
-    cache = build(512, 1024, counting, write_batch_bytes=one_page, write_backlog=backlog)
+    cache = build(512, 1024, counting, write=WriteConfig(batch_bytes=one_page, backlog=backlog))
     run(Engine(model, cache), [list(p) for p in prompts])
     assert cache.stats.host_room_wait_s == 0 and cache.stats.pages_dropped == 0
     assert sum(counting.sets) == cache.stats.pages_stored > 0
@@ -427,7 +429,8 @@ def test_room_a_fetch_waits_for_is_counted_apart_from_room_for_copies(model: Lla
     slow = LayerConfig(faults=FaultConfig(ops={"batch_set_v1": FaultRule(delay_s=0.05)}))
     backend = create_backend("memory", layers=slow)
     run(Engine(model, build(64, 64, backend)), [list(a)])
-    cache = build(64, 10 * PAGE, backend, write_batch_bytes=CONFIG.kv_bytes_per_token * PAGE)
+    one_page = CONFIG.kv_bytes_per_token * PAGE
+    cache = build(64, 10 * PAGE, backend, write=WriteConfig(batch_bytes=one_page))
     assert run(Engine(model, cache), [list(b), list(a)]) == expected
     assert cache.stats.pages_fetched > 0, "A came from storage"
     assert cache.stats.fetch_room_wait_s > 0, "A's fetch waited for B's pages to be written"
@@ -437,8 +440,8 @@ def test_room_a_fetch_waits_for_is_counted_apart_from_room_for_copies(model: Lla
 
 def test_write_backlog_is_a_share_of_the_host_pool() -> None:
     for bad in (0, 1.5, -0.1, True, "0.5", float("nan")):
-        with pytest.raises(ConfigError, match="write_backlog must be a number in"):
-            CacheConfig(PAGE, write_backlog=bad)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=r"write\.backlog must be a number in"):
+            WriteConfig(backlog=bad)  # type: ignore[arg-type]
 
 
 def test_background_writes_keep_the_tokens_and_leave_no_thread(
@@ -447,9 +450,9 @@ def test_background_writes_keep_the_tokens_and_leave_no_thread(
     before = {t.ident for t in threading.enumerate()}
     prompts = conversations(rounds=4, clients=3, seed=13)
     expected = run(Engine(model, None), [list(p) for p in prompts])
-    cache = build(64, 48, memory_backend, write_queue=2)
+    cache = build(64, 48, memory_backend, write=WriteConfig(queue=2))
     config = cache.config
-    assert len(cache.threads) == config.query_threads + config.read_threads + 1
+    assert len(cache.threads) == config.threads.queries + config.threads.reads + 1
     assert all(t.is_alive() for t in cache.threads)
     engine = Engine(model, cache)
     assert engine.scheduler is not None

@@ -17,6 +17,7 @@ import torch
 
 from hicache_storage import StorageBackend, create_backend
 from hicache_storage.engine.cache import TierCache
+from hicache_storage.engine.cache_config import PrefetchConfig
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.errors import (
     InvalidRequestError,
@@ -99,7 +100,9 @@ def test_a_short_prefetch_of_a_prefix_computed_meanwhile_is_admitted(model: Llam
     with Engine(model, build_cache(256, 256, memory)) as engine:
         engine.generate(prompt, NEW)  # storage holds the prompt's pages
     gated = GatedReads(memory)
-    cache = build_cache(48, 128, gated, prefetch_capacity=2 * PAGE)
+    cache = build_cache(
+        48, 128, gated, prefetch=PrefetchConfig(PrefetchPolicy.WAIT_COMPLETE, capacity=2 * PAGE)
+    )
     scheduler = Engine(model, cache).scheduler
     assert scheduler is not None
     waiting = scheduler.submit(Request(prompt, NEW))
@@ -354,7 +357,7 @@ def test_the_recompute_engine_refuses_bad_input_too(model: LlamaModel) -> None:
 
 
 def test_the_scheduler_refuses_bad_input_before_taking_anything(model: LlamaModel) -> None:
-    cache = build_cache(64, 64, None, prefetch_policy=PrefetchPolicy.BEST_EFFORT)
+    cache = build_cache(64, 64, None, prefetch=PrefetchConfig(PrefetchPolicy.BEST_EFFORT))
     scheduler = Scheduler(model, cache)
     with pytest.raises(InvalidRequestError):
         scheduler.submit(Request([1, VOCAB], NEW))

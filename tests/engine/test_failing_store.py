@@ -18,6 +18,7 @@ import torch
 
 from hicache_storage import StorageBackend, create_backend
 from hicache_storage.config import FaultConfig, FaultRule, LayerConfig
+from hicache_storage.engine.cache_config import PrefetchConfig
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.health import Bypass, bypass
 from hicache_storage.engine.model import LlamaModel
@@ -80,7 +81,7 @@ def test_a_failing_store_is_shed_and_no_step_waits_behind_its_writes(model: Llam
     prompts = conversations(rounds=ROUNDS, clients=CLIENTS, seed=5)
     expected = [model.generate_no_cache(p, 4) for p in prompts]
     backend = outage()
-    cache = build_cache(64, 48, backend, prefetch_policy=PrefetchPolicy.ADAPTIVE)
+    cache = build_cache(64, 48, backend, prefetch=PrefetchConfig(PrefetchPolicy.ADAPTIVE))
     with Engine(model, cache) as engine:
         for r in range(ROUNDS):
             batch = [Request(p, 4) for p in prompts[r * CLIENTS : (r + 1) * CLIENTS]]
@@ -134,7 +135,7 @@ def test_failed_writes_count_only_while_no_read_delivers() -> None:
 
 def test_a_failing_store_is_left_alone_only_under_adaptive(model: LlamaModel) -> None:
     backend = outage()
-    cache = build_cache(64, 48, backend, prefetch_policy=PrefetchPolicy.WAIT_COMPLETE)
+    cache = build_cache(64, 48, backend, prefetch=PrefetchConfig(PrefetchPolicy.WAIT_COMPLETE))
     cache.costs.observe_failure()
     bypassed = cache.decisions.bypassed()
     assert cache.costs.failing and not bypassed, "SGLang's policies write every page"

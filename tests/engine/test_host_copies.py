@@ -16,6 +16,8 @@ import pytest
 
 from hicache_storage import StorageBackend, create_backend
 from hicache_storage.engine.cache import TierCache
+from hicache_storage.engine.cache_config import PrefetchConfig
+from hicache_storage.engine.policies import PrefetchPolicy
 from hicache_storage.engine.radix import Node, Tier
 
 from .test_engine import PAGE, build
@@ -68,7 +70,12 @@ def test_a_stored_page_evicts_for_its_host_copy_only_while_copies_pay(
     with free room it is made either way.
     """
     first, second = stored_prompts(backend, 2)
-    cache = build(64, 6 * PAGE, backend, prefetch_capacity=6 * PAGE)
+    cache = build(
+        64,
+        6 * PAGE,
+        backend,
+        prefetch=PrefetchConfig(PrefetchPolicy.WAIT_COMPLETE, capacity=6 * PAGE),
+    )
     for prompt in (first, second):  # the second fetch takes the host room of the first
         lease = admit(cache, prompt)
         assert lease.storage_hit == 6 * PAGE

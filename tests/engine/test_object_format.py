@@ -15,6 +15,7 @@ import torch
 from hicache_storage import StorageBackend, create_backend
 from hicache_storage.config import Deployment, UnifiedKeys
 from hicache_storage.engine.cache import CacheConfig, TierCache
+from hicache_storage.engine.cache_config import PrefetchConfig
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.errors import PoolMismatchError
 from hicache_storage.engine.model import LlamaModel, ModelConfig
@@ -50,7 +51,7 @@ def cache(
     heads, dim = host_geometry or (c.kv_heads, c.head_dim)
     device = DevicePool.mha(tokens, c.layers, c.kv_heads, c.head_dim, c.dtype)
     host = MHAHostPool(tokens, PAGE, c.layers, heads, dim, c.dtype, layout, False)
-    config.setdefault("prefetch_policy", PrefetchPolicy.WAIT_COMPLETE)
+    config.setdefault("prefetch", PrefetchConfig(PrefetchPolicy.WAIT_COMPLETE))
     return TierCache(device, host, backend, CacheConfig(PAGE, **config), scheme=scheme)
 
 

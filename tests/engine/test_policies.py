@@ -8,6 +8,11 @@ from typing import Any
 import pytest
 
 from hicache_storage.engine.cache import CacheConfig
+from hicache_storage.engine.cache_config import (
+    PrefetchConfig,
+    ThreadConfig,
+    WriteConfig,
+)
 from hicache_storage.engine.policies import (
     PrefetchPolicy,
     PrefetchTimeout,
@@ -85,53 +90,77 @@ def test_config_error_is_a_value_error() -> None:
 
 
 def test_cache_config_takes_policy_names_and_gives_the_enums() -> None:
-    config = CacheConfig(4, write_policy="write_back", prefetch_policy="best_effort")  # type: ignore[arg-type]
-    assert config.write_policy is WritePolicy.WRITE_BACK
-    assert config.prefetch_policy is PrefetchPolicy.BEST_EFFORT
+    config = CacheConfig(
+        4,
+        write=WriteConfig(policy="write_back"),  # type: ignore[arg-type]
+        prefetch=PrefetchConfig(policy="best_effort"),  # type: ignore[arg-type]
+    )
+    assert config.write.policy is WritePolicy.WRITE_BACK
+    assert config.prefetch.policy is PrefetchPolicy.BEST_EFFORT
     default = CacheConfig(4)
-    assert default.write_policy is WritePolicy.WRITE_THROUGH
-    assert default.prefetch_policy is PrefetchPolicy.ADAPTIVE
-    assert default.prefetch_capacity is None
+    assert default.write.policy is WritePolicy.WRITE_THROUGH
+    assert default.prefetch.policy is PrefetchPolicy.ADAPTIVE
+    assert default.prefetch.capacity is None
 
 
 @pytest.mark.parametrize(
-    "override",
+    ("group", "policy"),
     [
-        {"write_policy": "write_sometimes"},
-        {"write_policy": "WRITE_THROUGH"},
-        {"prefetch_policy": "eventually"},
-        {"prefetch_policy": ""},
+        (WriteConfig, "write_sometimes"),
+        (WriteConfig, "WRITE_THROUGH"),
+        (PrefetchConfig, "eventually"),
+        (PrefetchConfig, ""),
     ],
 )
-def test_cache_config_refuses_an_unknown_policy_name(override: dict[str, Any]) -> None:
+def test_cache_config_refuses_an_unknown_policy_name(group: type, policy: str) -> None:
     with pytest.raises(ConfigError):
-        CacheConfig(4, **override)
+        group(policy=policy)
 
 
 @pytest.mark.parametrize(
-    "name",
+    ("group", "name"),
     [
-        "page_size",
-        "backup_after_hits",
-        "prefetch_threshold",
-        "read_batch_pages",
-        "write_batch_bytes",
-        "write_queue",
+        (None, "page_size"),
+        (WriteConfig, "backup_after_hits"),
+        (PrefetchConfig, "threshold"),
+        (PrefetchConfig, "read_batch_pages"),
+        (WriteConfig, "batch_bytes"),
+        (WriteConfig, "queue"),
+        (ThreadConfig, "queries"),
+        (ThreadConfig, "reads"),
     ],
 )
 @pytest.mark.parametrize("value", [0, -1, True, 1.5, "2"])
-def test_cache_config_refuses_a_size_that_is_not_a_positive_int(name: str, value: Any) -> None:
-    kwargs: dict[str, Any] = {"page_size": 4, name: value}
+def test_cache_config_refuses_a_size_that_is_not_a_positive_int(
+    group: type | None, name: str, value: Any
+) -> None:
     with pytest.raises(ConfigError, match=name):
-        CacheConfig(**kwargs)
+        if group is None:
+            CacheConfig(**{"page_size": value})
+        else:
+            group(**{name: value})
 
 
 @pytest.mark.parametrize("value", [0, -4, False, 8.0])
 def test_cache_config_refuses_a_prefetch_capacity_that_is_not_a_positive_int(value: Any) -> None:
-    with pytest.raises(ConfigError, match="prefetch_capacity"):
-        CacheConfig(4, prefetch_capacity=value)
+    with pytest.raises(ConfigError, match=r"prefetch\.capacity"):
+        PrefetchConfig(capacity=value)
 
 
 def test_cache_config_refuses_a_prefetch_timeout_of_another_type() -> None:
-    with pytest.raises(ConfigError, match="prefetch_timeout"):
-        CacheConfig(4, prefetch_timeout=2.0)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"prefetch\.timeout"):
+        PrefetchConfig(timeout=2.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("write", PrefetchConfig()),
+        ("prefetch", {"policy": "adaptive"}),
+        ("threads", None),
+        ("transfer", 16),
+    ],
+)
+def test_cache_config_refuses_a_group_of_another_type(name: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=f"{name} must be a "):
+        CacheConfig(4, **{name: value})  # type: ignore[arg-type]

@@ -17,7 +17,8 @@ import pytest
 
 from hicache_storage import StorageBackend, create_backend
 from hicache_storage.engine.cache import Lease, TierCache
-from hicache_storage.engine.policies import WritePolicy
+from hicache_storage.engine.cache_config import PrefetchConfig, WriteConfig
+from hicache_storage.engine.policies import PrefetchPolicy, WritePolicy
 from hicache_storage.engine.radix import Tier
 from hicache_storage.engine.storage_io import Backup
 
@@ -85,7 +86,12 @@ def test_a_running_requests_stored_prefix_gives_its_host_room_to_a_fetch(
     the second request finds no room.
     """
     first, second = stored_prompts(backend, 2)
-    cache = build(64, 8 * PAGE, backend, prefetch_capacity=8 * PAGE)
+    cache = build(
+        64,
+        8 * PAGE,
+        backend,
+        prefetch=PrefetchConfig(PrefetchPolicy.WAIT_COMPLETE, capacity=8 * PAGE),
+    )
     running = admit(cache, first)
     assert running.storage_hit == 6 * PAGE
     if loaded:
@@ -133,7 +139,12 @@ def test_a_node_larger_than_the_free_host_is_staged_in_parts(backend: StorageBac
     assert all(n.stored for n in path)
     cache.tree.check()
     cache.close()
-    fresh = build(64, 8 * PAGE, backend, prefetch_capacity=8 * PAGE)
+    fresh = build(
+        64,
+        8 * PAGE,
+        backend,
+        prefetch=PrefetchConfig(PrefetchPolicy.WAIT_COMPLETE, capacity=8 * PAGE),
+    )
     assert admit(fresh, prompt).storage_hit == 6 * PAGE
     fresh.close()
 
@@ -144,7 +155,7 @@ def test_pages_that_leave_the_device_with_nowhere_to_go_are_counted(
     """Under write-back a page reaches storage only from the host; a host with no room for it
     loses it when the device needs its slots, and ``pages_dropped`` says so."""
     (first, second) = stored_prompts_on(backend, 0, count=2)
-    cache = build(8 * PAGE, PAGE, backend, policy=WritePolicy.WRITE_BACK)
+    cache = build(8 * PAGE, PAGE, backend, write=WriteConfig(WritePolicy.WRITE_BACK))
     release(cache, admit(cache, first), first)
     assert cache.stats.pages_dropped == 0
     release(cache, admit(cache, second), second)  # its slots are the first prompt's
@@ -180,6 +191,11 @@ def test_a_part_the_writer_refused_is_staged_again_before_the_rest(
         time.sleep(0.001)
         cache.poll()
     cache.close()
-    fresh = build(64, 8 * PAGE, backend, prefetch_capacity=8 * PAGE)
+    fresh = build(
+        64,
+        8 * PAGE,
+        backend,
+        prefetch=PrefetchConfig(PrefetchPolicy.WAIT_COMPLETE, capacity=8 * PAGE),
+    )
     assert admit(fresh, prompt).storage_hit == 6 * PAGE
     fresh.close()

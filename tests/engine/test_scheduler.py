@@ -13,11 +13,12 @@ import torch
 
 from hicache_storage import StorageBackend, create_backend
 from hicache_storage.engine.cache import TierCache
+from hicache_storage.engine.cache_config import PrefetchConfig, WriteConfig
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.errors import InvalidRequestError
 from hicache_storage.engine.loading import LayerLoad
 from hicache_storage.engine.model import LlamaModel, Segment
-from hicache_storage.engine.policies import WritePolicy
+from hicache_storage.engine.policies import PrefetchPolicy, WritePolicy
 from hicache_storage.engine.radix import Tier
 from hicache_storage.engine.scheduler import Request, RequestState, Scheduler
 from hicache_storage.errors import ConfigError
@@ -149,7 +150,7 @@ def test_chunked_prefill_shares_each_forward_with_decoding_requests(model: Llama
 def test_admission_is_bounded_by_device_room_and_evicts(model: LlamaModel) -> None:
     # Each request holds 20 + 4 - 1 = 23 slots, 24 in whole pages: the pool fits two.
     prompts = distinct_prompts(6, 20, seed=5)
-    cache = build_cache(48, 256, None, write_policy=WritePolicy.WRITE_BACK)
+    cache = build_cache(48, 256, None, write=WriteConfig(WritePolicy.WRITE_BACK))
     scheduler = Scheduler(model, cache)
     requests = [scheduler.submit(Request(p, NEW)) for p in prompts]
     running: list[int] = []
@@ -424,7 +425,9 @@ def test_close_cancels_waiting_prefetches_and_frees_their_host_slots(model: Llam
         engine.generate(prompt, NEW)  # storage holds the prompt's pages once this engine closes
 
     backend = GatedReads(memory)
-    cache = build_cache(256, 256, backend, read_batch_pages=1)
+    cache = build_cache(
+        256, 256, backend, prefetch=PrefetchConfig(PrefetchPolicy.WAIT_COMPLETE, read_batch_pages=1)
+    )
     assert cache.host_pool is not None
     scheduler = Scheduler(model, cache)
     head = scheduler.submit(Request(prompt[:12], NEW))  # brings the first pages to the host
