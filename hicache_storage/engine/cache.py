@@ -126,6 +126,33 @@ class TierCache:
         exact. A
         :class:`~hicache_storage.keys.UnifiedPlan` stores each page as the plan's objects.
 
+    Attributes
+    ----------
+    tiers
+        The state the parts below share (config, pools, tree, allocator, transfer, storage
+        threads, stats, costs); the cache's properties of the same names read it.
+    prefetches
+        The storage reads of waiting requests
+        (:class:`~hicache_storage.engine.prefetches.Prefetches`).
+    decisions
+        The prefetch policy's decisions
+        (:class:`~hicache_storage.engine.fetch_decisions.FetchDecisions`).
+    writes
+        Backups to storage and host room (:class:`~hicache_storage.engine.writes.StorageWrites`).
+    transfers
+        Device room, backups to the host and loads
+        (:class:`~hicache_storage.engine.transfers.Transfers`).
+    early
+        The waiting requests' early loads
+        (:class:`~hicache_storage.engine.early_loads.EarlyLoads`).
+    copies, stored_copies
+        Copies between the pools still in flight, and whether host copies of stored pages pay
+        (:mod:`hicache_storage.engine.copies`).
+    objects
+        The host pool seen as a unified plan's objects; None under the rank-suffix scheme.
+    backend
+        The storage backend; None without a storage tier.
+
     Raises
     ------
     PoolMismatchError
@@ -211,7 +238,6 @@ class TierCache:
             costs=costs,
             token_bytes=token_bytes,
         )
-        """The state the cache's parts share."""
         self.copies = CopiesInFlight(self.tiers)
         self.stored_copies = StoredCopies()
         self.decisions = decide(self.tiers)
