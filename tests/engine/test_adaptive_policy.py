@@ -70,6 +70,7 @@ def test_cost_model_knows_nothing_before_its_first_sample() -> None:
     model = CostModel()
     assert model.snapshot() == {
         "read_s_per_page": None,
+        "write_s_per_page": None,
         "query_s": None,
         "found_share": 1.0,
         "compute_s_per_token": None,
@@ -377,8 +378,9 @@ def test_a_fast_store_is_used(
     cache = adaptive_cache(memory)
     scheduler = Scheduler(model, cache)
     # The tiny model computes a page faster than Python reads one, so recompute is priced as a
-    # large model's would be: 1 ms a token.
-    cache.costs.observe_forward(1000, 1.0)
+    # large model's would be, and steeply (0.1 s a token): a loaded machine, where a memory
+    # store's page can take 20 ms to read, still finds reading it cheaper.
+    cache.costs.observe_forward(1000, 100.0)
     request = scheduler.submit(Request(prompt, 4))
     run(scheduler, request)
     assert request.output == expected
@@ -403,7 +405,7 @@ def test_pages_that_fail_to_read_are_the_store_s_misses_not_cuts(
     memory, prompt, expected = stored
     cache = adaptive_cache(Vanished(memory))
     scheduler = Scheduler(model, cache)
-    cache.costs.observe_forward(1000, 1.0)  # reading pays: computing is priced at 1 ms a token
+    cache.costs.observe_forward(1000, 100.0)  # reading pays: computing priced at 0.1 s a token
     try:
         request = scheduler.submit(Request(prompt, 4))
         run(scheduler, request)
@@ -425,7 +427,7 @@ def test_reads_start_inside_the_forward_that_runs_when_a_query_answers(
     backend = Gated(memory)
     cache = adaptive_cache(backend)
     scheduler = Scheduler(model, cache)
-    cache.costs.observe_forward(1000, 1.0)  # computing priced at 1 ms a token: reading pays
+    cache.costs.observe_forward(1000, 100.0)  # computing priced at 0.1 s a token: reading pays
     running = scheduler.submit(Request([3 + i % 50 for i in range(300)], 2))
     first = running.lookup
     assert first is not None
