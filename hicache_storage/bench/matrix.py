@@ -6,7 +6,7 @@ write and prefetch policies. Each cell of :func:`run_matrix` serves one document
 (documents longer than the device pool holds, each queried in turn) three ways, no cache, the
 device and host pools (``L1+L2``) and the three tiers (``L1+L2+L3``), in one process on one
 machine, and reports ``L1+L2+L3``'s mean and p99 time to first token over the better of the
-other two (:attr:`Cell.baseline`). A failing-store row serves the same workload with every
+other two (``CellResult.baseline``). A failing-store row serves the same workload with every
 storage call failing after the store's deadline, against ``L1+L2``: the host-only run a failing
 store must not make slower.
 

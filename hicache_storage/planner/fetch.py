@@ -82,7 +82,7 @@ def fetch_pays(
     """Whether reading ``pages`` pages (after ``queued_pages`` queued ahead) beats computing them.
 
     Computing them costs every request of the batch its forward time
-    (:meth:`CostModel.recompute_cost_s`); reading them delays only the request that waits.
+    (:meth:`.CostModel.recompute_cost_s`); reading them delays only the request that waits.
 
     ``in_flight_s_per_page`` is the slowest read call in flight's seconds so far per page: a
     lower bound on the store's speed before any call has returned (a store that answers in a
@@ -108,7 +108,7 @@ def adaptive_wait_s(
     """Decide for ``adaptive``: None to schedule the request now, else the seconds to wait.
 
     Scheduling now costs recomputing the pages not yet read, in the forwards that every request
-    of the batch waits for (:meth:`CostModel.recompute_cost_s`); waiting costs the time until
+    of the batch waits for (:meth:`.CostModel.recompute_cost_s`); waiting costs the time until
     they have arrived, or, when that is longer than the scheduler can block (``block_s``), the
     time to the next step (``next_step_s``) as well, and delays this request alone. The request
     waits only while waiting is the cheaper, and never longer in all than recomputing every page
@@ -116,7 +116,7 @@ def adaptive_wait_s(
     recompute would (up to that bound). Before a
     forward has been measured, recompute cannot be priced and the request is scheduled at once.
     While the existence query has not answered, the gain is the share of its pages queries have
-    been finding (:attr:`CostModel.found_share`): where storage rarely holds what is asked, no
+    been finding (:attr:`.CostModel.found_share`): where storage rarely holds what is asked, no
     request waits to hear so.
 
     Parameters
