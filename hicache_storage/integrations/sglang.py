@@ -17,6 +17,10 @@ scheme (``HiCacheFile``'s names followed by the host pool's object-format tag, o
 ``HiCacheFile``'s names where the backend stores them for SGLang, ``foreign_names``, and guards
 the format itself) and moves pages zero-copy between SGLang's
 host pool, adopted in place as a :class:`~hicache_storage.hostpool.HostKVPool`, and the backend.
+Between SGLang and the backend sits the planner
+(:mod:`~hicache_storage.integrations.sglang_planner`): existence queries answer only the pages
+whose fetch pays, and writes the store cannot absorb are shed at once instead of holding SGLang's
+backup thread.
 
 This module is the only one that imports SGLang (``docs/sglang.md``).
 """
@@ -29,7 +33,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +73,8 @@ from hicache_storage.keys import (
 )
 from hicache_storage.keys.identity import local_snapshot
 
+from .sglang_planner import ReadCall, SGLangPlanner, planner_settings
+
 __all__ = ["SGLANG_KEYS", "SGLangStorage", "adopt_host_pool", "config_from"]
 
 logger = logging.getLogger(__name__)
@@ -90,11 +97,15 @@ SGLANG_KEYS = frozenset(
 SGLang's server takes the prefetch keys and ``tp_lcm_size`` out before the adapter sees the
 config; a controller built directly passes them through."""
 
-ADAPTER_KEYS = frozenset({"model_path", "model_overrides"})
+ADAPTER_KEYS = frozenset({"model_path", "model_overrides", "planner"})
 """Extra-config keys of the adapter itself, besides our config's: ``model_path`` names the
-checkpoint SGLang serves when its model name is not that path (``--served-model-name``), and
+checkpoint SGLang serves when its model name is not that path (``--served-model-name``),
 ``model_overrides`` repeats SGLang's ``--json-model-override-args`` (see
-:func:`served_model_identity`)."""
+:func:`served_model_identity`), and ``planner`` sets the planner
+(:func:`~hicache_storage.integrations.sglang_planner.planner_settings`)."""
+
+_PROBE_HASH = "0" * 64
+"""The page hash the registration probe reads: a well-formed hash no page has."""
 
 _CONFIG_KEYS = frozenset({"config", *ADAPTER_KEYS, *HiCacheConfig.__struct_fields__})
 _MAPPED_LAYOUTS = {
@@ -338,6 +349,14 @@ def _pool_name(name: Any) -> str:
     return str(getattr(name, "value", name))
 
 
+def _spread(done: Sequence[bool], positions: Sequence[int], pages: int) -> list[bool]:
+    """Per-page results of ``pages`` pages, from those of the pages at ``positions``."""
+    results = [False] * pages
+    for position, ok in zip(positions, done, strict=True):
+        results[position] = bool(ok)
+    return results
+
+
 def _bytes_of(tensor: Any) -> memoryview:
     """Return a writable byte view of a contiguous CPU tensor (no copy)."""
     if not isinstance(tensor, torch.Tensor):
@@ -380,6 +399,10 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
     kwargs
         What SGLang's dynamic factory passes (an empty dict); unused.
 
+    The planner (on unless the extra config says ``"planner": false``) decides, from the rates
+    it measures, which stored pages an existence query answers and which writes reach the store
+    (:mod:`~hicache_storage.integrations.sglang_planner`); :meth:`stats` counts its decisions.
+
     Raises
     ------
     ConfigError
@@ -400,6 +423,7 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
         object-format tag and the unified namespace carry it, so new weights or KV settings
         under one name never read the old KV. SGLang's exact names (``foreign_names``) do not."""
         self.config = config_from(storage_config, model=self.model_identity)
+        self.planner_settings = planner_settings(storage_config.extra_config)
         deployment = self.config.deployment
         self.backend: StorageBackend = open_backend(self.config)
         self._scheme = deployment.scheme()
@@ -408,6 +432,7 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
         self._pools: dict[str, _AdoptedPool | _FlatPagePool] = {}
         self._kv_pool: HostKVPool | UnifiedObjectPool | None = None
         self._page_nbytes = 0
+        self._planner: SGLangPlanner | None = None
         self._calls = _Calls() if storage_config.enable_storage_metrics else None
         self._closed = False
 
@@ -449,6 +474,18 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
         self.backend.register_host_pool(target)
         self._kv_pool = target
         self._page_nbytes = pool.page_nbytes
+        self._planner = self._start_planner(pool)
+
+    def _start_planner(self, pool: HostKVPool) -> SGLangPlanner | None:
+        """Build the planner at the pool's page size and probe the store's round trip."""
+        if not self.planner_settings.enabled:
+            return None
+        planner = SGLangPlanner(
+            self.planner_settings, pool.page_size, history_pages=pool.size // pool.page_size
+        )
+        probe = self._kv_keys([_PROBE_HASH])[0]
+        planner.probe(lambda: self.backend.get(probe))
+        return planner
 
     def _unified_plan_for(self, pool: HostKVPool) -> UnifiedPlan:
         """Return the unified plan at the pool's page size, rebuilding the backend if it changed.
@@ -515,7 +552,10 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
         """Load each page hash's page into the registered host pool; per-page hits."""
-        return self._pages_v1(keys, host_indices, self.backend.batch_get_v1, "prefetch")
+        with self._read_call(len(keys)) as call:
+            hits = self._pages_v1(keys, host_indices, self.backend.batch_get_v1, "prefetch")
+            call.delivered = sum(hits)
+        return hits
 
     def batch_set_v1(
         self,
@@ -523,8 +563,44 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
         host_indices: torch.Tensor,
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
-        """Store each page of the registered host pool under its page hash; per-page success."""
+        """Store each page of the registered host pool under its page hash; per-page success.
+
+        Pages the planner sheds answer ``False`` without reaching the store.
+        """
+        return self._planned_write(keys, lambda at: self._write_kv(keys, host_indices, at))
+
+    def _write_kv(
+        self, keys: Sequence[str], host_indices: torch.Tensor, positions: Sequence[int]
+    ) -> list[bool]:
+        """Store the pages at ``positions`` of ``keys`` (all of them, most often)."""
+        if len(positions) < len(keys):
+            size = host_indices.numel() // max(len(keys), 1)
+            keys = [keys[i] for i in positions]
+            host_indices = torch.cat([host_indices[i * size : (i + 1) * size] for i in positions])
         return self._pages_v1(keys, host_indices, self.backend.batch_set_v1, "backup")
+
+    def _read_call(self, pages: int) -> AbstractContextManager[ReadCall]:
+        """Return a read call for the planner to measure (its pages delivered and seconds)."""
+        if self._planner is None:
+            return nullcontext(ReadCall(pages, 0.0))
+        return self._planner.reading(pages)
+
+    def _planned_write(
+        self,
+        page_hashes: Sequence[str],
+        write: Callable[[list[int]], list[bool]],
+        *,
+        kv_follows: bool = False,
+    ) -> list[bool]:
+        """Offer the pages to the planner, ``write`` the admitted positions; per-page success."""
+        if self._planner is None or not page_hashes:
+            return [bool(r) for r in write(list(range(len(page_hashes))))]
+        results = [False] * len(page_hashes)
+        with self._planner.writing(page_hashes, kv_follows=kv_follows) as call:
+            if call.positions:
+                results = _spread(write(call.positions), call.positions, len(page_hashes))
+                call.stored = sum(results)
+        return results
 
     def _pages_v1(
         self,
@@ -560,17 +636,32 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
     # -- existence --------------------------------------------------------------------------------
 
     def exists(self, key: str) -> bool:
-        """Whether page ``key`` is stored (every object of it, under the unified scheme)."""
+        """Whether page ``key`` is stored (every object of it, under the unified scheme).
+
+        Under the planner, whether it is stored and fetching it pays.
+        """
         return self.batch_exists([key]) == 1
 
     def batch_exists(
         self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
     ) -> int:
-        """Return how many leading page hashes are stored."""
+        """Return how many leading page hashes are stored.
+
+        Under the planner, the leading stored pages only when fetching them pays, else 0.
+        """
         if not keys:
             return 0
+        return self._fetchable(keys, lambda: self._stored_prefix(keys))
+
+    def _stored_prefix(self, keys: Sequence[str]) -> int:
         per_page = self._scheme.keys_per_page
         return self.backend.batch_exists(self._kv_keys(keys)) // per_page
+
+    def _fetchable(self, keys: Sequence[str], query: Callable[[], int]) -> int:
+        """Return the pages ``query`` finds stored, or what the planner answers of them."""
+        if self._planner is None:
+            return query()
+        return self._planner.fetchable(keys, query)
 
     # -- generic (non-v1) calls -------------------------------------------------------------------
 
@@ -590,6 +681,14 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
         target_sizes: Any | None = None,
     ) -> list[torch.Tensor | None]:
         """Read each page into its target tensor; ``None`` where it misses."""
+        with self._read_call(len(keys)) as call:
+            out = self._read_generic(keys, target_locations)
+            call.delivered = sum(1 for t in out if t is not None)
+        return out
+
+    def _read_generic(
+        self, keys: Sequence[str], target_locations: Any | None
+    ) -> list[torch.Tensor | None]:
         stored = self._generic_keys(keys)
         start = time.perf_counter()
         if target_locations is None:
@@ -625,7 +724,10 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
         target_locations: Any | None = None,
         target_sizes: Any | None = None,
     ) -> bool:
-        """Store each tensor under its page; ``True`` only if every write succeeded."""
+        """Store each tensor under its page; ``True`` only if every write succeeded.
+
+        ``False`` at once when the planner sheds the pages.
+        """
         if values is None:
             raise InvalidValueError(
                 "the hicache-storage adapter stores tensors passed as values; pointer-based "
@@ -634,14 +736,21 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
         values = list(values)
         if len(values) != len(keys):
             raise InvalidValueError(f"got {len(keys)} keys but {len(values)} values")
-        start = time.perf_counter()
+        stored = self._generic_keys(keys)
         buffers = [
             as_readable(v.contiguous() if isinstance(v, torch.Tensor) else v) for v in values
         ]
-        done = self.backend.batch_set(self._generic_keys(keys), buffers)
         nbytes = max((b.nbytes for b in buffers), default=0)
-        self._record("backup", done, nbytes, start)
-        return all(done)
+
+        def write(positions: list[int]) -> list[bool]:
+            start = time.perf_counter()
+            done = self.backend.batch_set(
+                [stored[i] for i in positions], [buffers[i] for i in positions]
+            )
+            self._record("backup", done, nbytes, start)
+            return done
+
+        return all(self._planned_write(keys, write))
 
     def _generic_keys(self, page_hashes: Sequence[str]) -> list[str]:
         if self._unified is not None:
@@ -659,11 +768,27 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
         pool_transfers: list[PoolTransfer] | None = None,
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> PoolTransferResult:
-        """Return the usable prefix: KV pages, then each sidecar pool's hit policy."""
-        kv_pages = self.batch_exists(keys)
+        """Return the usable prefix: KV pages, then each sidecar pool's hit policy.
+
+        Under the planner, no pages where fetching the usable prefix does not pay.
+        """
+        result = PoolTransferResult(0, {}, [])
+
+        def query() -> int:
+            nonlocal result
+            result = self._usable_prefix(keys, pool_transfers or [])
+            return int(result.kv_hit_pages)
+
+        pages = self._fetchable(keys, query) if keys else 0
+        return result if pages == result.kv_hit_pages else PoolTransferResult(0, {}, [])
+
+    def _usable_prefix(
+        self, keys: Sequence[str], pool_transfers: Sequence[PoolTransfer]
+    ) -> PoolTransferResult:
+        kv_pages = self._stored_prefix(keys)
         hits: dict[str, int] = {PoolName.KV: kv_pages} if kv_pages else {}
         restorable = list(range(1, kv_pages + 1))
-        for transfer in pool_transfers or []:
+        for transfer in pool_transfers:
             if not restorable:
                 break
             name = _pool_name(transfer.name)
@@ -705,18 +830,49 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
         transfers: list[PoolTransfer],
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> dict[str, list[bool]]:
-        """Write each transfer's pages from its pool; per pool, per-page success."""
-        return self._transfers_v2(transfers, "write")
+        """Write each transfer's pages from its pool; per pool, per-page success.
 
-    def _transfers_v2(self, transfers: Sequence[PoolTransfer], op: str) -> dict[str, list[bool]]:
+        Under the planner, the call's page hashes are one offer; shed pages answer ``False``.
+        SGLang's hybrid controller writes an operation's sidecar pools here and its KV pages
+        right after (``batch_set_v1``, on a rank that writes KV): those share this decision
+        (:meth:`~hicache_storage.integrations.sglang_planner.SGLangPlanner.writing`).
+        """
+        if self._planner is None:
+            return self._transfers_v2(transfers, "write")
+        page_hashes = list(dict.fromkeys(h for t in transfers for h in t.keys or []))
+        with_kv = any(_pool_name(t.name) == PoolName.KV.value for t in transfers)
+        results = {t.name: [False] * len(t.keys or []) for t in transfers}
+
+        def write(positions: list[int]) -> list[bool]:
+            admitted = {page_hashes[i] for i in positions}
+            results.update(self._transfers_v2(transfers, "write", admitted))
+            stored = dict.fromkeys(admitted, True)
+            for transfer in transfers:
+                for page, ok in zip(transfer.keys or [], results[transfer.name], strict=True):
+                    if page in stored:
+                        stored[page] = stored[page] and ok
+            return [stored[page_hashes[i]] for i in positions]
+
+        kv_follows = not with_kv and self.storage_config.is_storage_writer
+        self._planned_write(page_hashes, write, kv_follows=kv_follows)
+        return results
+
+    def _transfers_v2(
+        self, transfers: Sequence[PoolTransfer], op: str, admitted: Collection[str] | None = None
+    ) -> dict[str, list[bool]]:
+        """Move each transfer's pages (for a write, those under ``admitted`` hashes, or all)."""
         results: dict[str, list[bool]] = {}
         for transfer in transfers:
             name = _pool_name(transfer.name)
             page_hashes = list(transfer.keys or [])
             indices = transfer.host_indices
+            at = [i for i, h in enumerate(page_hashes) if admitted is None or h in admitted]
             if name == PoolName.KV.value:
-                v1 = self.batch_get_v1 if op == "read" else self.batch_set_v1
-                results[transfer.name] = v1(page_hashes, indices) if page_hashes else []
+                if op == "read":
+                    results[transfer.name] = self.batch_get_v1(page_hashes, indices) if at else []
+                else:
+                    done = self._write_kv(page_hashes, indices, at) if at else []
+                    results[transfer.name] = _spread(done, at, len(page_hashes))
                 continue
             pool = self._pools.get(name)
             if pool is None:
@@ -733,7 +889,8 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
             starts = [int(i) for i in indices[:: pool.page_size].tolist()]
             keys = self._sidecar_keys(name, page_hashes)
             move = pool.read if op == "read" else pool.write
-            results[transfer.name] = [bool(r) for r in move(self.backend, keys, starts)]
+            done = move(self.backend, [keys[i] for i in at], [starts[i] for i in at]) if at else []
+            results[transfer.name] = _spread(done, at, len(page_hashes))
         return results
 
     # -- housekeeping -----------------------------------------------------------------------------
@@ -745,6 +902,14 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
         from sglang.srt.observability.metrics_collector import StorageMetrics
 
         return StorageMetrics(**self._calls.drain())
+
+    def stats(self) -> dict[str, Any]:
+        """Return the planner's decisions (``None`` when it is off) and the backend's stats.
+
+        See :meth:`~hicache_storage.integrations.sglang_planner.SGLangPlanner.stats`.
+        """
+        planner = None if self._planner is None else self._planner.stats()
+        return {"planner": planner, "backend": self.backend.stats()}
 
     def clear(self) -> None:
         """Remove this rank's objects; never raises (SGLang's flush must not fail on storage)."""

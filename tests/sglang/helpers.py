@@ -18,6 +18,7 @@ import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -43,11 +44,16 @@ def _import_sglang() -> None:
 _import_sglang()
 
 from sglang.srt.managers.cache_controller import HiCacheController  # noqa: E402
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, PoolName  # noqa: E402
+from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import (  # noqa: E402
+    HybridCacheController,
+)
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
 from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope  # noqa: E402
+from sglang.srt.mem_cache.pool_host.group import HostPoolGroup, PoolEntry  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.utils import get_hash_str  # noqa: E402
 from sglang.srt.runtime_context import get_parallel  # noqa: E402
 
 ADAPTER = {
@@ -58,6 +64,7 @@ ADAPTER = {
 }
 PAGE = 4
 DEVICE_TOKENS = 64
+TIMEOUT_S = 20
 BACKENDS = ("memory", "file", "redis", "s3", "mooncake", "3fs")
 MHA_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 MLA_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
@@ -174,6 +181,51 @@ def controller(
         storage_backend=backend,
         model_name=model_name,
         storage_backend_extra_config={**ADAPTER, **extra} if backend == "dynamic" else extra,
+        prefetch_threshold=PAGE,
+    )
+
+
+def backup(cc: Any, indices: torch.Tensor, tokens: list[int]) -> int:
+    """Back pages up as SGLang's radix tree does; return the tokens the controller acked."""
+    hashes = get_hash_str(tokens, None, page_size=PAGE)
+    cc.write_storage(indices, tokens, hash_value=hashes, prefix_keys=None)
+    return int(cc.ack_backup_queue.get(timeout=TIMEOUT_S).completed_tokens)
+
+
+def prefetch(cc: Any, host: Any, tokens: list[int], **kwargs: Any) -> tuple[int, torch.Tensor]:
+    """Query storage and load the hit into fresh host pages, as the scheduler drives it."""
+    # The hybrid controller takes a request handle, the base one a request id.
+    handle = SimpleNamespace(rid="req") if isinstance(cc, HybridCacheController) else "req"
+    cc.prefetch(handle, tokens, None, **kwargs)
+    op = cc.prefetch_hit_queue.get(timeout=TIMEOUT_S)
+    hit = int(op.storage_hit_count)
+    op.host_indices = host.alloc(hit) if hit else torch.empty(0, dtype=torch.int64)
+    cc.prefetch_buffer.put(op)
+    loaded = 0
+    while not (ack := cc.ack_prefetch_queue.get(timeout=TIMEOUT_S)).completed_req:
+        loaded += int(ack.completed_tokens or 0)  # the hybrid controller acks sidecars apart
+    return loaded, op.host_indices
+
+
+def hybrid_controller(kv: Pools, sidecar: Pools, extra: dict[str, Any]) -> Any:
+    group = HostPoolGroup(
+        [
+            PoolEntry(
+                PoolName.KV, kv.host, kv.device, lambda layer: layer, is_primary_index_anchor=True
+            ),
+            PoolEntry(PoolName.INDEXER, sidecar.host, sidecar.device, lambda layer: layer),
+        ]
+    )
+    return HybridCacheController(
+        DeviceAllocator(kv.device),
+        group,
+        PAGE,
+        None,
+        threading.Event(),
+        io_backend="direct",
+        storage_backend="dynamic",
+        model_name="org/model",
+        storage_backend_extra_config={**ADAPTER, **extra},
         prefetch_threshold=PAGE,
     )
 

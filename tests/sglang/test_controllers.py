@@ -5,14 +5,11 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer
-from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
-from sglang.srt.mem_cache.pool_host.group import HostPoolGroup, PoolEntry
 from sglang.srt.mem_cache.utils import get_hash_str
 
 from hicache_storage.backends.redis import provision as redis_provision
@@ -21,49 +18,27 @@ from hicache_storage.keys import ObjectFormat
 from hicache_storage.layers.verify import RECORD_PREFIX
 
 from .helpers import (
-    ADAPTER,
     MHA_LAYOUTS,
     MLA_LAYOUTS,
     PAGE,
-    DeviceAllocator,
-    Pools,
+    TIMEOUT_S,
+    backup,
     canonical_mha_page,
     controller,
     fill_random,
+    hybrid_controller,
     make_pools,
+    prefetch,
     read_pages,
     set_rank,
 )
 
-TIMEOUT_S = 20
 LAYOUTS = [("mha", x) for x in MHA_LAYOUTS] + [("mla", x) for x in MLA_LAYOUTS]
 
 
 @pytest.fixture(autouse=True)
 def single_rank() -> None:
     set_rank()
-
-
-def backup(cc: Any, indices: torch.Tensor, tokens: list[int]) -> int:
-    """Back pages up as SGLang's radix tree does; return the tokens the controller acked."""
-    hashes = get_hash_str(tokens, None, page_size=PAGE)
-    cc.write_storage(indices, tokens, hash_value=hashes, prefix_keys=None)
-    return int(cc.ack_backup_queue.get(timeout=TIMEOUT_S).completed_tokens)
-
-
-def prefetch(cc: Any, host: Any, tokens: list[int], **kwargs: Any) -> tuple[int, torch.Tensor]:
-    """Query storage and load the hit into fresh host pages, as the scheduler drives it."""
-    # The hybrid controller takes a request handle, the base one a request id.
-    handle = SimpleNamespace(rid="req") if isinstance(cc, HybridCacheController) else "req"
-    cc.prefetch(handle, tokens, None, **kwargs)
-    op = cc.prefetch_hit_queue.get(timeout=TIMEOUT_S)
-    hit = int(op.storage_hit_count)
-    op.host_indices = host.alloc(hit) if hit else torch.empty(0, dtype=torch.int64)
-    cc.prefetch_buffer.put(op)
-    loaded = 0
-    while not (ack := cc.ack_prefetch_queue.get(timeout=TIMEOUT_S)).completed_req:
-        loaded += int(ack.completed_tokens or 0)  # the hybrid controller acks sidecars apart
-    return loaded, op.host_indices
 
 
 @pytest.mark.parametrize(("kind", "layout"), LAYOUTS)
@@ -155,29 +130,6 @@ def test_mha_tp2_ranks_keep_their_own_objects(tmp_path: Path) -> None:
         loaded_pages.append(got)
         cc.detach_storage_backend()
     assert not torch.equal(loaded_pages[0][0], loaded_pages[1][0])
-
-
-def hybrid_controller(kv: Pools, sidecar: Pools, extra: dict[str, Any]) -> Any:
-    group = HostPoolGroup(
-        [
-            PoolEntry(
-                PoolName.KV, kv.host, kv.device, lambda layer: layer, is_primary_index_anchor=True
-            ),
-            PoolEntry(PoolName.INDEXER, sidecar.host, sidecar.device, lambda layer: layer),
-        ]
-    )
-    return HybridCacheController(
-        DeviceAllocator(kv.device),
-        group,
-        PAGE,
-        None,
-        threading.Event(),
-        io_backend="direct",
-        storage_backend="dynamic",
-        model_name="org/model",
-        storage_backend_extra_config={**ADAPTER, **extra},
-        prefetch_threshold=PAGE,
-    )
 
 
 @pytest.mark.parametrize(
