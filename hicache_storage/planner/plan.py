@@ -147,8 +147,10 @@ class Planner:
             admitted = wanted if ticket.admitted else none
             plan = WritePlan(admitted, ticket.rule, ticket.reason, ticket)
         with self._lock:
-            self._write["shed:admission"] += len(keys) - count
-            self._write["written" if plan.pages else f"shed:{plan.rule}"] += count
+            if count < len(keys):
+                self._write["shed:admission"] += len(keys) - count
+            if count:
+                self._write["written" if plan.pages else f"shed:{plan.rule}"] += count
         return plan
 
     def done(self, plan: WritePlan, stored: int) -> None:

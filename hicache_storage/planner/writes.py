@@ -19,8 +19,9 @@ compute. Its rules, in the order they are asked:
     measured seconds a page (:attr:`CostModel.write_s_per_page
     <hicache_storage.planner.rates.CostModel.write_s_per_page>`, a call's time shared by the
     calls beside it); the caller offers at its own measured seconds a page, counting only the
-    time it spent outside the writes this gate admitted (a caller whose offers come back to back
-    has writes queued, and offers as fast as it is answered). The gate admits the share of
+    time it spent outside the writes this gate admitted, since the gate was made or its last
+    offer (a caller whose offers come back to back has writes queued, and offers as fast as it
+    is answered). The gate admits the share of
     offered pages the store can write in the time the caller takes to make them,
     ``produce / write`` (at most all), through a credit that each offered page adds its share
     to and each admitted page spends; the credit never exceeds one offer's pages, so an idle
@@ -43,8 +44,10 @@ from .rates import READ_SAMPLES, READ_TTL_S, CostModel
 __all__ = ["WriteGate", "WriteTicket"]
 
 _WEIGHT = 0.25
-"""Weight of a new sample in the mean seconds a page the caller takes to offer: the rates' own
-default (:class:`~hicache_storage.planner.rates.CostModel`)."""
+"""Weight of a new offer in the caller's rate, the rates' own default
+(:class:`~hicache_storage.planner.rates.CostModel`): the rate is decayed seconds over decayed
+pages, so one operation split into calls back to back (SGLang writes 128 pages a call) counts
+as its pages made in the time before the first call, not as a caller with a queue."""
 
 
 @dataclass(frozen=True)
@@ -92,8 +95,9 @@ class WriteGate:
         self._in_flight = 0
         self._busy_since: float | None = None
         self._busy_s = 0.0
-        self._last_offer: float | None = None
-        self._produce_s: float | None = None
+        self._last_offer = clock()
+        self._made_s = 0.0
+        self._made_pages = 0.0
         self._credit = 0.0
         self._failed = 0
         self._probe_at = -float("inf")
@@ -138,7 +142,7 @@ class WriteGate:
             return {
                 "admitted_pages": self._admitted,
                 "shed_pages": dict(self._shed),
-                "produce_s_per_page": self._produce_s,
+                "produce_s_per_page": self._produce_s(),
                 "write_s_per_page": self.costs.write_s_per_page,
                 "in_flight": self._in_flight,
             }
@@ -160,7 +164,7 @@ class WriteGate:
                     False, pages, "probe", "the store's write rate is being measured"
                 )
             return WriteTicket(True, pages, "probe", "measuring the store's write rate", now)
-        produce_s = self._produce_s
+        produce_s = self._produce_s()
         if produce_s is None or produce_s >= write_s:
             self._credit = 0.0
             return WriteTicket(True, pages, "absorb", _rates(produce_s, write_s), now)
@@ -176,14 +180,18 @@ class WriteGate:
     def _measure_offer(self, now: float, pages: int) -> None:
         """Fold the seconds since the last offer, less the time spent in admitted writes."""
         busy = self._busy_s + (now - self._busy_since if self._busy_since is not None else 0.0)
-        if self._last_offer is not None and pages > 0:
-            sample = max(now - self._last_offer - busy, 0.0) / pages
-            old = self._produce_s
-            self._produce_s = sample if old is None else old + _WEIGHT * (sample - old)
+        if pages > 0:
+            keep = 1.0 - _WEIGHT
+            self._made_s = self._made_s * keep + max(now - self._last_offer - busy, 0.0)
+            self._made_pages = self._made_pages * keep + pages
         self._last_offer = now
         self._busy_s = 0.0
         if self._busy_since is not None:
             self._busy_since = now
+
+    def _produce_s(self) -> float | None:
+        """Seconds the caller takes to make a page, over its recent offers (None before one)."""
+        return self._made_s / self._made_pages if self._made_pages else None
 
     def _begin(self, now: float) -> None:
         if self._in_flight == 0:

@@ -126,3 +126,20 @@ def test_every_answer_names_its_rule_and_reason() -> None:
     ticket = gate.offer(4)
     assert ticket.rule == "absorb"
     assert "ms" in ticket.reason and "store writes" in ticket.reason
+
+
+def test_an_operation_split_into_calls_back_to_back_is_not_a_backlog() -> None:
+    """SGLang writes an operation 128 pages a call, the calls back to back: the pages were made
+    in the time before the first call, so a store that keeps up takes every call."""
+    clock = Clock()
+    gate = gate_on(clock)
+    admitted = 0
+    for _ in range(50):
+        clock.now += 0.256  # 256 pages made at 1 ms a page
+        for _ in range(2):
+            ticket = gate.offer(128)
+            if ticket.admitted:
+                admitted += 128
+                clock.now += 128 * 0.0005  # the store writes a page in 0.5 ms
+                gate.done(ticket, 128)
+    assert admitted == 50 * 256
