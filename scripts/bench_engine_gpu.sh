@@ -32,12 +32,15 @@ fi
 # Plots need matplotlib; without it, draw them later from the JSON (plot_ttft_by_round).
 plot() { python3 -c 'import matplotlib' 2>/dev/null && echo "--plot=$out/$1.png" || true; }
 
-common=(--model 8b --device cuda --page-size 64 --chunk-tokens 8192 --max-new-tokens 4
-        --concurrency 4 --prefetch-policy timeout --write-policy write_through)
-multiturn=(--workload multiturn --clients 12 --rounds 5 --system-tokens 256
-           --turn-tokens 1024,2048 --device-tokens 40960 --host-tokens 65536)
-documents=(--workload documents --clients 8 --rounds 5 --document-tokens 8192
-           --question-tokens 64 --device-tokens 36864 --host-tokens 81920)
+common=(--model 8b --device cuda --set page_size=64 --set engine.chunk_tokens=8192
+        --set workload.max_new_tokens=4 --set workload.concurrency=4 --set prefetch.policy=timeout
+        --set write.policy=write_through)
+multiturn=(--workload multiturn --clients 12 --rounds 5 --set workload.system_tokens=256
+           --set 'workload.turn_tokens=[1024,2048]' --set engine.device_tokens=40960
+           --set engine.host_tokens=65536)
+documents=(--workload documents --clients 8 --rounds 5 --set workload.document_tokens=8192
+           --set workload.question_tokens=64 --set engine.device_tokens=36864
+           --set engine.host_tokens=81920)
 
 if want multiturn; then
   hicache engine bench "${common[@]}" "${multiturn[@]}" --backend file \

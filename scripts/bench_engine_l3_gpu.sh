@@ -27,10 +27,10 @@ mkdir -p "$out"
 l3=$(mktemp -d /tmp/hicache-l3.XXXX)
 trap 'rm -rf "$l3"' EXIT
 
-common=(--device cuda --page-size 64 --chunk-tokens 8192 --max-new-tokens 4 --concurrency 4 --host-layout page_first
-        --write-policy write_through)
-documents=(--workload documents --rounds 3 --document-tokens 8192 --question-tokens 64
-           --device-tokens 36864)
+common=(--device cuda --set page_size=64 --set engine.chunk_tokens=8192 --set workload.max_new_tokens=4
+        --set workload.concurrency=4 --set engine.host_layout=page_first --set write.policy=write_through)
+documents=(--workload documents --rounds 3 --set workload.document_tokens=8192
+           --set workload.question_tokens=64 --set engine.device_tokens=36864)
 file() { echo "{\"root\": \"$l3/$1\"}"; }
 threefs() {  # 8 MiB slots: one page of the 8B shape (64 tokens x 128 KiB); 16 files: writes to one file are serialised
   echo "{\"path\": \"$l3/$1\", \"slot_bytes\": 8388608, \"file_size\": 2147483648, \"file_count\": 16}"
@@ -59,37 +59,43 @@ bench() {
 for step in $steps; do
   case $step in
     overflow)
-      bench "$step" --model 8b "${common[@]}" "${documents[@]}" --clients 24 --host-tokens 81920 \
-        --backend file --config "$(file "$step")" ;;
+      bench "$step" --model 8b "${common[@]}" "${documents[@]}" --clients 24 \
+        --set engine.host_tokens=81920 --backend file --config "$(file "$step")" ;;
     overflow-timeout)
-      bench "$step" --model 8b "${common[@]}" "${documents[@]}" --clients 24 --host-tokens 81920 \
-        --backend file --config "$(file "$step")" --prefetch-policy timeout --runs L1+L2+L3 ;;
+      bench "$step" --model 8b "${common[@]}" "${documents[@]}" --clients 24 \
+        --set engine.host_tokens=81920 --backend file --config "$(file "$step")" \
+        --set prefetch.policy=timeout --runs L1+L2+L3 ;;
     overflow-3fs)
-      bench "$step" --model 8b "${common[@]}" "${documents[@]}" --clients 24 --host-tokens 81920 \
-        --backend 3fs --config "$(threefs "$step")" --runs L1+L2+L3 ;;
+      bench "$step" --model 8b "${common[@]}" "${documents[@]}" --clients 24 \
+        --set engine.host_tokens=81920 --backend 3fs --config "$(threefs "$step")" --runs L1+L2+L3 ;;
     notax)
       bench "$step" --model 8b "${common[@]}" --workload multiturn --clients 24 --rounds 6 \
-        --system-tokens 256 --turn-tokens 256,512 --device-tokens 16384 --host-tokens 65536 \
+        --set workload.system_tokens=256 --set 'workload.turn_tokens=[256,512]' \
+        --set engine.device_tokens=16384 --set engine.host_tokens=65536 \
         --backend file --config "$(file "$step")" ;;
     notax-timeout)
       bench "$step" --model 8b "${common[@]}" --workload multiturn --clients 24 --rounds 6 \
-        --system-tokens 256 --turn-tokens 256,512 --device-tokens 16384 --host-tokens 65536 \
-        --backend file --config "$(file "$step")" --prefetch-policy timeout --runs L1+L2+L3 ;;
+        --set workload.system_tokens=256 --set 'workload.turn_tokens=[256,512]' \
+        --set engine.device_tokens=16384 --set engine.host_tokens=65536 \
+        --backend file --config "$(file "$step")" --set prefetch.policy=timeout --runs L1+L2+L3 ;;
     multiturn)
       bench "$step" --model 8b "${common[@]}" --workload multiturn --clients 12 --rounds 5 \
-        --system-tokens 256 --turn-tokens 1024,2048 --device-tokens 40960 --host-tokens 65536 \
+        --set workload.system_tokens=256 --set 'workload.turn_tokens=[1024,2048]' \
+        --set engine.device_tokens=40960 --set engine.host_tokens=65536 \
         --backend file --config "$(file "$step")" ;;
     outgrow)
       bench "$step" --model 8b "${common[@]}" --workload multiturn --clients 16 --rounds 6 \
-        --system-tokens 256 --turn-tokens 1024,2048 --device-tokens 40960 --host-tokens 32768 \
+        --set workload.system_tokens=256 --set 'workload.turn_tokens=[1024,2048]' \
+        --set engine.device_tokens=40960 --set engine.host_tokens=32768 \
         --backend file --config "$(file "$step")" ;;
     outgrow-long)
       bench "$step" --model 8b "${common[@]}" --workload multiturn --clients 8 --rounds 10 \
-        --system-tokens 256 --turn-tokens 1024,2048 --device-tokens 40960 --host-tokens 32768 \
+        --set workload.system_tokens=256 --set 'workload.turn_tokens=[1024,2048]' \
+        --set engine.device_tokens=40960 --set engine.host_tokens=32768 \
         --backend file --config "$(file "$step")" ;;
     overflow-70b)
       bench "$step" --model 70b-layers "${common[@]}" "${documents[@]}" --clients 16 \
-        --host-tokens 40960 --backend file --config "$(file "$step")" ;;
+        --set engine.host_tokens=40960 --backend file --config "$(file "$step")" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done

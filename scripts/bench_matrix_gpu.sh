@@ -22,6 +22,6 @@ hicache engine matrix --device cuda --backend file --config "{\"root\": \"$l3/st
   --ratios "${RATIOS:-0.5,1,2,4}" \
   --write-policies "${WRITES:-write_through,write_through_selective,write_back}" \
   --prefetch-policies "${PREFETCHES:-adaptive}" \
-  --clients 16 --rounds 3 --document-tokens 4096 --device-tokens 16384 --page-size 64 \
-  --max-new-tokens 4 --host-layout page_first \
+  --clients 16 --rounds 3 --set workload.document_tokens=4096 --set engine.device_tokens=16384 \
+  --set page_size=64 --set workload.max_new_tokens=4 --set engine.host_layout=page_first \
   --json "$out/matrix.json" 2>&1 | tee "$out/matrix.log"

@@ -21,17 +21,19 @@ from hicache_storage.conformance import report as conformance_report
 from hicache_storage.conformance.engine import EngineCheck, EngineReport
 from hicache_storage.conformance.report import Report, write_report
 
-TINY = BenchConfig(
-    clients=1,
-    rounds=1,
-    system_tokens=4,
-    turn_tokens=(2, 4),
-    max_new_tokens=1,
-    page_size=4,
-    device_tokens=16,
-    host_tokens=32,
-    chunk_tokens=16,
-    concurrency=1,
+TINY = BenchConfig().with_settings(
+    {
+        "workload": {
+            "clients": 1,
+            "rounds": 1,
+            "system_tokens": 4,
+            "turn_tokens": (2, 4),
+            "max_new_tokens": 1,
+            "concurrency": 1,
+        },
+        "engine": {"device_tokens": 16, "host_tokens": 32, "chunk_tokens": 16},
+        "page_size": 4,
+    }
 )
 
 

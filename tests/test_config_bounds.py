@@ -166,19 +166,32 @@ def test_check_process_with_a_huge_timeout_is_one_line_and_exit_2() -> None:
     assert "Traceback" not in result.output and "OverflowError" not in result.output
 
 
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [
-        ("read_delay_s", 1e300),
-        ("read_delay_s", math.inf),
-        ("read_delay_s", math.nan),
-        ("arrival_rate", math.inf),
-        ("arrival_rate", math.nan),
-    ],
-)
-def test_bench_durations_and_rates_are_bounded(field: str, value: float) -> None:
-    with pytest.raises(ConfigError, match=field):
-        BenchConfig(**{field: value})
+BENCH_BOUNDS = [
+    ("read_delay_s", 1e300),
+    ("read_delay_s", math.inf),
+    ("read_delay_s", math.nan),
+    ("workload.arrival_rate", math.inf),
+    ("workload.arrival_rate", math.nan),
+    ("write.linger_s", 1e300),
+    ("prefetch.timeout.base_s", math.inf),
+]
+"""The bench's durations and rates: its own, its workload's, and the cache's through the bench."""
+
+
+@pytest.mark.parametrize(("path", "value"), BENCH_BOUNDS)
+def test_bench_durations_and_rates_are_bounded(path: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=path.rsplit(".", 1)[-1]):
+        BenchConfig().with_settings({path: value})
+
+
+@pytest.mark.parametrize(("path", "value"), BENCH_BOUNDS)
+def test_engine_bench_past_a_bound_is_one_line_and_exit_2(path: str, value: float) -> None:
+    # JSON has no infinity or NaN: those go as text (1e999 overflows), which no float field takes.
+    text = {math.inf: "1e999", 1e300: "1e300"}.get(value, "NaN")
+    result = CliRunner().invoke(main, ["engine", "bench", "--set", f"{path}={text}"])
+    assert result.exit_code == 2, result.output
+    assert path.rsplit(".", 1)[-1] in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
 
 
 @pytest.mark.parametrize("field", ["base_s", "per_page_s"])

@@ -31,7 +31,7 @@ import math
 import platform
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,21 +44,22 @@ from hicache_storage.backend import StorageBackend
 from hicache_storage.config import FaultConfig, FaultRule, LayerConfig, check_duration
 from hicache_storage.engine.build import build_cache, check_memory
 from hicache_storage.engine.cache import CacheConfig, TierCache
-from hicache_storage.engine.cache_config import (
-    PrefetchConfig,
-    ThreadConfig,
-    TransferConfig,
-    WriteConfig,
-)
 from hicache_storage.engine.engine import Engine
 from hicache_storage.engine.model import DTYPES, LlamaModel, ModelConfig
-from hicache_storage.engine.policies import PrefetchPolicy, WritePolicy
 from hicache_storage.engine.scheduler import Request, StepRecord
 from hicache_storage.engine.workloads import Conversation, DocumentQueries, MultiTurn, Turn
-from hicache_storage.errors import ConfigError, MissingDependencyError, UnsupportedOperationError
+from hicache_storage.errors import (
+    ConfigError,
+    HostPoolError,
+    MissingDependencyError,
+    UnsupportedOperationError,
+)
 from hicache_storage.factory import create_backend
-from hicache_storage.kit.options import positive_int, share
+from hicache_storage.hostpool.layout import Layout
+from hicache_storage.kit.options import positive_int
 from hicache_storage.redact import redact_options, redacted_repr
+
+from .settings import apply_settings
 
 __all__ = [
     "PARTS",
@@ -66,12 +67,14 @@ __all__ = [
     "RUNS",
     "BenchConfig",
     "BenchResult",
+    "EngineSettings",
     "MachineRates",
     "Progress",
     "RequestRecord",
     "RunResult",
     "RunSummary",
     "Spread",
+    "Workload",
     "plot_ttft_by_round",
     "run_bench",
 ]
@@ -106,61 +109,13 @@ _WARM_COUNTS = 64
 """Page counts up to which every count of a copy is compiled ahead (see ``_warm_transfer``)."""
 
 
-_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    # 8 histories growing to ~200 tokens (~1.4k distinct tokens in all) against a 256-token
-    # device pool and a 512-token host pool (which also holds copies of device pages): L1 keeps
-    # the system prompt and the latest histories, L2 a few more, L3 the rest. Two requests in
-    # flight at a time, closed loop; a few seconds on a CPU.
-    "tiny": {
-        "clients": 8,
-        "rounds": 4,
-        "system_tokens": 48,
-        "turn_tokens": (16, 40),
-        "document_tokens": 128,
-        "question_tokens": 16,
-        "max_new_tokens": 8,
-        "device_tokens": 256,
-        "host_tokens": 512,
-        "page_size": 8,
-        "chunk_tokens": 256,
-        "concurrency": 2,
-    },
-    # Llama-3-8B (128 KiB of KV a token) on one large GPU: 16 histories growing to ~5k tokens
-    # (~57k distinct tokens, 7 GiB of KV) against a 2 GiB device pool and a 4 GiB host pool.
-    "8b": {
-        "clients": 16,
-        "rounds": 6,
-        "system_tokens": 2048,
-        "turn_tokens": (256, 768),
-        "document_tokens": 8192,
-        "question_tokens": 64,
-        "max_new_tokens": 64,
-        "device_tokens": 16384,
-        "host_tokens": 32768,
-        "page_size": 64,
-        "chunk_tokens": 8192,
-        "concurrency": 4,
-    },
-}
-
-
 @dataclass(frozen=True)
-class BenchConfig:
-    """Everything that defines a benchmark run; the defaults are the ``tiny`` model's.
-
-    :meth:`for_model` gives another model's default sizes.
+class Workload:
+    """What the clients send: seeded prompts, how many, how long, and when.
 
     Attributes
     ----------
-    backend, backend_config
-        The storage backend of ``L1+L2+L3`` and its options (see
-        :func:`~hicache_storage.create_backend`); it is built with the default layers.
-    model
-        ``tiny`` (a CPU-sized float32 model), ``8b`` (Llama-3-8B's shape in bfloat16),
-        ``70b-layers`` (20 layers of Llama-3-70B's shape: its compute per KV byte on one GPU), or
-        the path of a Hugging Face ``config.json`` (Llama, Mistral, Qwen2, Qwen3; the shape with
-        seeded random weights), so a user measures their own model's compute per KV byte.
-    workload
+    kind
         ``multiturn`` (:class:`~hicache_storage.engine.workloads.MultiTurn`) or ``documents``
         (:class:`~hicache_storage.engine.workloads.DocumentQueries`).
     clients, rounds
@@ -174,51 +129,14 @@ class BenchConfig:
         Tokens generated per request.
     arrival_rate
         Requests per second of a Poisson arrival process; None sends every first turn at once.
-    device_tokens, host_tokens, page_size
-        Device pool (L1) and host pool (L2) sizes in tokens, and tokens per page.
-    write_policy, prefetch_policy
-        The cache's policies, by their SGLang names.
-    host_layout
-        The host pool's layout.
-    chunk_tokens, max_running
-        The scheduler's prefill chunk and batch bounds.
     concurrency
         Most requests in flight (submitted, not finished); None for no bound. With 1 and no
         ``arrival_rate`` the turns run one at a time in order, and the hits are deterministic.
-    device
-        Where the model and the device pool live (``cpu`` or ``cuda``, ``cuda:1``...).
-    dtype
-        The model's and the pools' dtype (``float32``, ``bfloat16``, ``float16``); None for the
-        model's own (float32 for ``tiny``, bfloat16 for ``8b``). In bfloat16 a cached prefix and
-        a recomputed one differ in rounding, which can change greedy tokens of random weights.
     seed
-        Seed of the workload (the model's weights are always seeded 0).
-    repeat
-        Times every configuration is served (in turn, so drift spreads over all of them); the
-        tables give the median and the spread.
-    read_delay_s
-        Seconds the fault layer adds before every ``batch_get_v1`` of the storage backend: a
-        slow store, to see that the prefetch policy does not wait for it.
-    faults
-        Fault injection on the storage backend (:class:`~hicache_storage.config.FaultConfig`):
-        a failing or slow store; ``read_delay_s``, when set, is added as ``batch_get_v1``'s delay.
-    transfer_sms, early_loads, write_backlog, idle_writes
-        The cache's options of those names (:class:`~hicache_storage.engine.cache.CacheConfig`).
-    write_batch_bytes
-        The cache's option of that name; None for its default.
-    managed_gc
-        The scheduler runs the garbage collector between steps, over the objects made after
-        the warm-up (the engine's option of that name).
-    warmup
-        Before each configuration's first run, serve as many clients as run at once through
-        every round on a throwaway cache of that configuration, untimed: the forwards of the
-        workload's shapes, not only the model's largest, are then paid before the clock.
+        Seed of the prompts and arrivals (the model's weights are always seeded 0).
     """
 
-    backend: str = "memory"
-    backend_config: dict[str, Any] | None = None
-    model: str = "tiny"
-    workload: str = "multiturn"
+    kind: str = "multiturn"
     clients: int = 8
     rounds: int = 4
     system_tokens: int = 48
@@ -227,34 +145,12 @@ class BenchConfig:
     question_tokens: int = 16
     max_new_tokens: int = 8
     arrival_rate: float | None = None
-    device_tokens: int = 256
-    host_tokens: int = 512
-    page_size: int = 8
-    write_policy: str = WritePolicy.WRITE_THROUGH.value
-    prefetch_policy: str = PrefetchPolicy.ADAPTIVE.value
-    host_layout: str = "layer_first"
-    chunk_tokens: int = 256
-    max_running: int = 64
     concurrency: int | None = 2
-    device: str = "cpu"
-    dtype: str | None = None
     seed: int = 0
-    repeat: int = 1
-    read_delay_s: float | None = None
-    faults: FaultConfig | None = None
-    transfer_sms: int | None = 16
-    early_loads: bool = False
-    write_backlog: float = 0.25
-    idle_writes: bool = True
-    write_batch_bytes: int | None = None
-    managed_gc: bool = True
-    warmup: bool = True
 
     def __post_init__(self) -> None:
-        if self.model not in _MODELS:
-            _read_hf_config(self.model)
-        if self.workload not in ("multiturn", "documents"):
-            raise ConfigError(f"workload must be multiturn or documents, got {self.workload!r}")
+        if self.kind not in ("multiturn", "documents"):
+            raise ConfigError(f"workload.kind must be multiturn or documents, got {self.kind!r}")
         for name in (
             "clients",
             "rounds",
@@ -262,18 +158,12 @@ class BenchConfig:
             "document_tokens",
             "question_tokens",
             "max_new_tokens",
-            "device_tokens",
-            "host_tokens",
-            "page_size",
-            "chunk_tokens",
-            "max_running",
-            "repeat",
         ):
-            positive_int(name, getattr(self, name), ConfigError)
+            positive_int(f"workload.{name}", getattr(self, name), ConfigError)
         low, high = self.turn_tokens
         if not 1 <= low <= high:
             raise ConfigError(
-                f"turn_tokens must be (low, high) with 1 <= low <= high, got {low, high}"
+                f"workload.turn_tokens must be (low, high) with 1 <= low <= high, got {low, high}"
             )
         if self.concurrency is not None and (
             isinstance(self.concurrency, bool)
@@ -281,68 +171,16 @@ class BenchConfig:
             or self.concurrency < 1
         ):
             raise ConfigError(
-                f"concurrency must be a positive int or None, got {self.concurrency!r}"
+                f"workload.concurrency must be a positive int or None, got {self.concurrency!r}"
             )
-        for name in ("transfer_sms", "write_batch_bytes"):
-            if getattr(self, name) is not None:
-                positive_int(name, getattr(self, name), ConfigError)
-        for name in ("early_loads", "idle_writes", "managed_gc", "warmup"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        share("write_backlog", self.write_backlog, ConfigError)
-        check_duration("read_delay_s", self.read_delay_s, allow_zero=True, allow_none=True)
         if self.arrival_rate is not None and not 0 < self.arrival_rate < math.inf:
             raise ConfigError(
-                f"arrival_rate must be a positive finite rate, got {self.arrival_rate}"
+                f"workload.arrival_rate must be a positive finite rate, got {self.arrival_rate}"
             )
-        for name, size in (
-            ("device_tokens", self.device_tokens),
-            ("host_tokens", self.host_tokens),
-        ):
-            if size % self.page_size:
-                raise ConfigError(f"{name} ({size}) must be whole {self.page_size}-token pages")
-        try:
-            WritePolicy(self.write_policy)
-            PrefetchPolicy(self.prefetch_policy)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        try:
-            torch.device(self.device)
-        except RuntimeError as exc:
-            raise ConfigError(f"invalid device {self.device!r}: {exc}") from None
-
-    def __repr__(self) -> str:
-        return redacted_repr(self)
-
-    @classmethod
-    def for_model(cls, model: str, **overrides: Any) -> BenchConfig:
-        """Return the config of ``model`` with its default sizes; ``overrides`` replace fields.
-
-        Raises
-        ------
-        ConfigError
-            If ``model`` is unknown or a field is invalid.
-        """
-        if model not in _MODELS:
-            _read_hf_config(model)
-        defaults = _MODEL_DEFAULTS["tiny" if model == "tiny" else "8b"]
-        return cls(model=model, **{**defaults, **overrides})
-
-    def model_config(self) -> ModelConfig:
-        """Return the model's shape (in ``dtype`` when set)."""
-        named = _MODELS.get(self.model)
-        shape = (
-            ModelConfig.from_hf_config(_read_hf_config(self.model)) if named is None else named()
-        )
-        if self.dtype is None:
-            return shape
-        return dataclasses.replace(shape, dtype=DTYPES[self.dtype])
 
     def turns(self, vocab_size: int) -> list[Turn]:
         """Return the workload's turns in arrival order (the same for every configuration)."""
-        if self.workload == "multiturn":
+        if self.kind == "multiturn":
             return list(
                 MultiTurn(
                     self.clients,
@@ -380,6 +218,202 @@ class BenchConfig:
                 )
             )
         return turns
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The engine around the cache: its pools' sizes and its scheduler's bounds.
+
+    Attributes
+    ----------
+    device_tokens, host_tokens
+        Device pool (L1) and host pool (L2) sizes in tokens, each whole pages of the cache's
+        ``page_size``.
+    host_layout
+        The host pool's layout (:class:`~hicache_storage.hostpool.layout.Layout`).
+    chunk_tokens, max_running
+        The scheduler's prefill chunk and batch bounds.
+    managed_gc
+        The scheduler runs the garbage collector between steps, over the objects made after
+        the warm-up (the engine's option of that name).
+    """
+
+    device_tokens: int = 256
+    host_tokens: int = 512
+    host_layout: Layout = Layout.LAYER_FIRST
+    chunk_tokens: int = 256
+    max_running: int = 64
+    managed_gc: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("device_tokens", "host_tokens", "chunk_tokens", "max_running"):
+            positive_int(f"engine.{name}", getattr(self, name), ConfigError)
+        if not isinstance(self.managed_gc, bool):
+            raise ConfigError(f"engine.managed_gc must be a bool, got {self.managed_gc!r}")
+        try:
+            object.__setattr__(self, "host_layout", Layout.parse(self.host_layout))
+        except HostPoolError as exc:
+            raise ConfigError(f"engine.host_layout: {exc}") from None
+
+
+_MODEL_DEFAULTS: dict[str, tuple[Workload, EngineSettings, CacheConfig]] = {
+    # 8 histories growing to ~200 tokens (~1.4k distinct tokens in all) against a 256-token
+    # device pool and a 512-token host pool (which also holds copies of device pages): L1 keeps
+    # the system prompt and the latest histories, L2 a few more, L3 the rest. Two requests in
+    # flight at a time, closed loop; a few seconds on a CPU.
+    "tiny": (Workload(), EngineSettings(), CacheConfig(8)),
+    # Llama-3-8B (128 KiB of KV a token) on one large GPU: 16 histories growing to ~5k tokens
+    # (~57k distinct tokens, 7 GiB of KV) against a 2 GiB device pool and a 4 GiB host pool.
+    "8b": (
+        Workload(
+            clients=16,
+            rounds=6,
+            system_tokens=2048,
+            turn_tokens=(256, 768),
+            document_tokens=8192,
+            question_tokens=64,
+            max_new_tokens=64,
+            concurrency=4,
+        ),
+        EngineSettings(device_tokens=16384, host_tokens=32768, chunk_tokens=8192),
+        CacheConfig(64),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Everything that defines a benchmark run; the defaults are the ``tiny`` model's.
+
+    :meth:`for_model` gives another model's default sizes; :meth:`with_settings` changes any
+    field by its dotted path (``workload.clients``, ``write.policy``).
+
+    Attributes
+    ----------
+    backend, backend_config
+        The storage backend of ``L1+L2+L3`` and its options (see
+        :func:`~hicache_storage.create_backend`); it is built with the default layers.
+    model
+        ``tiny`` (a CPU-sized float32 model), ``8b`` (Llama-3-8B's shape in bfloat16),
+        ``70b-layers`` (20 layers of Llama-3-70B's shape: its compute per KV byte on one GPU), or
+        the path of a Hugging Face ``config.json`` (Llama, Mistral, Qwen2, Qwen3; the shape with
+        seeded random weights), so a user measures their own model's compute per KV byte.
+    device
+        Where the model and the device pool live (``cpu`` or ``cuda``, ``cuda:1``...).
+    dtype
+        The model's and the pools' dtype (``float32``, ``bfloat16``, ``float16``); None for the
+        model's own (float32 for ``tiny``, bfloat16 for ``8b``). In bfloat16 a cached prefix and
+        a recomputed one differ in rounding, which can change greedy tokens of random weights.
+    workload
+        What the clients send (:class:`Workload`).
+    engine
+        The pools' sizes and the scheduler's bounds (:class:`EngineSettings`).
+    cache
+        The tier cache's own config (:class:`~hicache_storage.engine.cache.CacheConfig`), page
+        size included. Its ``prefix_cache`` is the bench's to set: off for ``no-cache`` alone.
+    faults
+        Fault injection on the storage backend (:class:`~hicache_storage.config.FaultConfig`):
+        a failing or slow store; ``read_delay_s``, when set, is added as ``batch_get_v1``'s delay.
+    read_delay_s
+        Seconds the fault layer adds before every ``batch_get_v1`` of the storage backend: a
+        slow store, to see that the prefetch policy does not wait for it.
+    repeat
+        Times every configuration is served (in turn, so drift spreads over all of them); the
+        tables give the median and the spread.
+    warmup
+        Before each configuration's first run, serve as many clients as run at once through
+        every round on a throwaway cache of that configuration, untimed: the forwards of the
+        workload's shapes, not only the model's largest, are then paid before the clock.
+    """
+
+    backend: str = "memory"
+    backend_config: dict[str, Any] | None = None
+    model: str = "tiny"
+    device: str = "cpu"
+    dtype: str | None = None
+    workload: Workload = field(default_factory=Workload)
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    cache: CacheConfig = field(default_factory=lambda: CacheConfig(8))
+    faults: FaultConfig | None = None
+    read_delay_s: float | None = None
+    repeat: int = 1
+    warmup: bool = True
+
+    def __post_init__(self) -> None:
+        if self.model not in _MODELS:
+            _read_hf_config(self.model)
+        for name, kind in (
+            ("workload", Workload),
+            ("engine", EngineSettings),
+            ("cache", CacheConfig),
+        ):
+            if not isinstance(getattr(self, name), kind):
+                raise ConfigError(f"{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
+        if not self.cache.prefix_cache:
+            raise ConfigError(
+                "cache.prefix_cache is the bench's to set: its no-cache configuration runs "
+                "without one"
+            )
+        positive_int("repeat", self.repeat, ConfigError)
+        if not isinstance(self.warmup, bool):
+            raise ConfigError(f"warmup must be a bool, got {self.warmup!r}")
+        check_duration("read_delay_s", self.read_delay_s, allow_zero=True, allow_none=True)
+        page = self.cache.page_size
+        for name in ("device_tokens", "host_tokens"):
+            size = getattr(self.engine, name)
+            if size % page:
+                raise ConfigError(f"engine.{name} ({size}) must be whole {page}-token pages")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        try:
+            torch.device(self.device)
+        except RuntimeError as exc:
+            raise ConfigError(f"invalid device {self.device!r}: {exc}") from None
+
+    def __repr__(self) -> str:
+        return redacted_repr(self)
+
+    @classmethod
+    def for_model(cls, model: str, **overrides: Any) -> BenchConfig:
+        """Return the config of ``model`` with its default sizes; ``overrides`` replace fields.
+
+        Raises
+        ------
+        ConfigError
+            If ``model`` is unknown or a field is invalid.
+        """
+        if model not in _MODELS:
+            _read_hf_config(model)
+        workload, engine, cache = _MODEL_DEFAULTS["tiny" if model == "tiny" else "8b"]
+        defaults = {"workload": workload, "engine": engine, "cache": cache}
+        return cls(model=model, **{**defaults, **overrides})
+
+    def with_settings(self, settings: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> BenchConfig:
+        """Return this config with ``settings`` applied: values by dotted path, in order.
+
+        ``settings`` is a mapping or (path, value) pairs. A path names a field (``repeat``) or a
+        group's field (``workload.clients``); the cache's own settings may leave out ``cache.``
+        (``write.policy``, ``page_size``). A value is converted to its field's type
+        (``"write_back"`` to a write policy, a list to a tuple); nested mappings work as paths
+        do (``{"workload": {"clients": 4}}``). See
+        :func:`~hicache_storage.bench.settings.apply_settings`.
+
+        Raises
+        ------
+        ConfigError
+            If a path names no field (the message lists the fields there) or a value is invalid.
+        """
+        return apply_settings(self, settings, inline="cache")
+
+    def model_config(self) -> ModelConfig:
+        """Return the model's shape (in ``dtype`` when set)."""
+        named = _MODELS.get(self.model)
+        shape = (
+            ModelConfig.from_hf_config(_read_hf_config(self.model)) if named is None else named()
+        )
+        if self.dtype is None:
+            return shape
+        return dataclasses.replace(shape, dtype=DTYPES[self.dtype])
 
 
 def _read_hf_config(path: str) -> dict[str, Any]:
@@ -641,8 +675,9 @@ def run_bench(
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {config.device!r} asked for, but torch sees no CUDA device")
-    check_memory(shape, device, device_tokens=config.device_tokens, host_tokens=config.host_tokens)
-    turns = config.turns(shape.vocab_size)
+    engine = config.engine
+    check_memory(shape, device, device_tokens=engine.device_tokens, host_tokens=engine.host_tokens)
+    turns = config.workload.turns(shape.vocab_size)
     _check_fits(config, turns)
     model = LlamaModel(shape, device)
     _warm_model(model, config)
@@ -674,8 +709,8 @@ def run_bench(
         config=config,
         model=_describe_model(config.model, shape),
         environment=_environment(device),
-        device_pool_bytes=config.device_tokens * token_bytes,
-        host_pool_bytes=config.host_tokens * token_bytes,
+        device_pool_bytes=engine.device_tokens * token_bytes,
+        host_pool_bytes=engine.host_tokens * token_bytes,
         runs=results,
         rates=rates,
         summary=_summaries(results),
@@ -688,7 +723,7 @@ def _warm_model(model: LlamaModel, config: BenchConfig) -> None:
     Compiles kernels and grows the allocator to its working size, so that the first
     configuration does not pay for either.
     """
-    tokens = max(min(config.chunk_tokens, config.device_tokens) - 1, 1)
+    tokens = max(min(config.engine.chunk_tokens, config.engine.device_tokens) - 1, 1)
     model.generate_no_cache([1] * tokens, 2)
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
@@ -700,7 +735,7 @@ _RATE_PAGES = 16
 
 def _measure_rates(config: BenchConfig, shape: ModelConfig, device: torch.device) -> MachineRates:
     """Measure the raw parallel read rate of the model's pages and the host-to-device rate."""
-    page_bytes = config.page_size * shape.kv_bytes_per_token
+    page_bytes = config.cache.page_size * shape.kv_bytes_per_token
     total = page_bytes * _RATE_PAGES
     source = torch.empty(total, dtype=torch.uint8, pin_memory=device.type == "cuda")
     source.random_(0, 256)
@@ -791,44 +826,35 @@ def _summaries(results: Sequence[RunResult]) -> list[RunSummary]:
 def _check_fits(config: BenchConfig, turns: Sequence[Turn]) -> None:
     """Refuse a workload whose longest request exceeds the device pool, before any work."""
     history: dict[int, int] = {}
-    page = config.page_size
+    page = config.cache.page_size
+    pool = config.engine.device_tokens
     for turn in turns:
-        prior = history.get(turn.client, 0) if config.workload == "multiturn" else 0
+        prior = history.get(turn.client, 0) if config.workload.kind == "multiturn" else 0
         total = prior + len(turn.new_tokens) + turn.max_new_tokens - 1
         need = -(-total // page) * page
-        if need > config.device_tokens:
+        if need > pool:
             raise ConfigError(
                 f"round {turn.round} of client {turn.client} needs {need} device slots but the "
-                f"device pool has {config.device_tokens}; raise device_tokens or shorten the "
+                f"device pool has {pool}; raise engine.device_tokens or shorten the "
                 f"workload"
             )
         history[turn.client] = prior + len(turn.new_tokens) + turn.max_new_tokens
 
 
 def _build_cache(config: BenchConfig, name: str, backend: StorageBackend | None) -> TierCache:
-    writes: dict[str, Any] = {}  # the cache's own where the bench leaves an option unset
-    if config.write_batch_bytes is not None:
-        writes["batch_bytes"] = config.write_batch_bytes
-    cache_config = CacheConfig(
-        config.page_size,
-        prefix_cache=name != "no-cache",
-        write=WriteConfig(
-            policy=WritePolicy(config.write_policy), backlog=config.write_backlog, **writes
-        ),
-        prefetch=PrefetchConfig(
-            policy=PrefetchPolicy(config.prefetch_policy), early_loads=config.early_loads
-        ),
-        threads=ThreadConfig(idle_writes=config.idle_writes),
-        transfer=TransferConfig(sms=config.transfer_sms),
-    )
+    """Return a fresh cache of configuration ``name`` over ``config.cache``.
+
+    ``no-cache`` has no prefix cache; ``L1+L2`` and ``L1+L2+L3`` have a host pool.
+    """
+    engine = config.engine
     return build_cache(
         config.model_config(),
-        cache_config,
-        device_tokens=config.device_tokens,
-        host_tokens=config.host_tokens if name.startswith("L1+L2") else None,
+        dataclasses.replace(config.cache, prefix_cache=name != "no-cache"),
+        device_tokens=engine.device_tokens,
+        host_tokens=engine.host_tokens if name.startswith("L1+L2") else None,
         backend=backend,
         device=config.device,
-        host_layout=config.host_layout,
+        host_layout=engine.host_layout.value,
         shared_host=backend is not None and backend.capabilities.shared_host_pool,
     )
 
@@ -892,7 +918,8 @@ def _warm_serve(config: BenchConfig, name: str, model: LlamaModel, turns: Sequen
     calls only) and starts on an emptied store, as the run does (which empties it again); a
     store that cannot be emptied is left alone and the warm-up goes without it.
     """
-    clients = min(config.concurrency or config.clients, config.clients)
+    workload = config.workload
+    clients = min(workload.concurrency or workload.clients, workload.clients)
     backend = _open_backend(config, name) if _stored(name) else None
     try:
         if backend is not None and not _clear(backend):
@@ -916,9 +943,9 @@ def _engine(
     return Engine(
         model,
         cache,
-        chunk_tokens=config.chunk_tokens,
-        max_running=config.max_running,
-        managed_gc=config.managed_gc,
+        chunk_tokens=config.engine.chunk_tokens,
+        max_running=config.engine.max_running,
+        managed_gc=config.engine.managed_gc,
     )
 
 
@@ -987,7 +1014,8 @@ def _drive(
     """
     scheduler = engine.scheduler
     assert scheduler is not None
-    limit = config.concurrency or len(turns)
+    limit = config.workload.concurrency or len(turns)
+    multiturn = config.workload.kind == "multiturn"
     pending = list(turns)
     conversations: dict[int, Conversation] = {}
     busy: set[int] = set()
@@ -1008,11 +1036,7 @@ def _drive(
                 continue
             pending.remove(turn)
             conversation = conversations.setdefault(turn.client, Conversation())
-            prompt = (
-                conversation.prompt(turn)
-                if config.workload == "multiturn"
-                else list(turn.new_tokens)
-            )
+            prompt = conversation.prompt(turn) if multiturn else list(turn.new_tokens)
             arrival = max(start + turn.arrival_s, freed_at.get(turn.client, start), slot_freed_at)
             scheduler.submit(Request(prompt, turn.max_new_tokens, tag=turn), arrival=arrival)
             busy.add(turn.client)
@@ -1201,14 +1225,15 @@ def plot_ttft_by_round(result: BenchResult, path: str | Path, *, log_y: bool = F
             label=summary.name,
         )
     config = result.config
-    rounds.set_xlabel("round" if config.workload == "multiturn" else "query of each document")
+    workload = config.workload.kind
+    rounds.set_xlabel("round" if workload == "multiturn" else "query of each document")
     rounds.xaxis.set_major_locator(MaxNLocator(integer=True))
     rounds.set_ylabel("mean TTFT (ms)")
     if log_y:
         rounds.set_yscale("log")
     repeats = max((summary.repeats for summary in summaries), default=1)
     rounds.set_title(
-        f"{config.workload}, {config.model} on {config.device}, L3 {config.backend}"
+        f"{workload}, {config.model} on {config.device}, L3 {config.backend}"
         + (f" (median of {repeats}, range)" if repeats > 1 else "")
     )
     rounds.grid(True, alpha=0.3)

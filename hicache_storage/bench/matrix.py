@@ -105,16 +105,18 @@ def cells(
 
 def cell_config(base: BenchConfig, cell: Cell) -> BenchConfig:
     """Return ``base`` with ``cell``'s model, policies, host pool and faults."""
-    host = int(base.device_tokens * cell.host_ratio) // base.page_size * base.page_size
-    if host < base.page_size:
+    page = base.cache.page_size
+    host = int(base.engine.device_tokens * cell.host_ratio) // page * page
+    if host < page:
         raise ConfigError(f"host ratio {cell.host_ratio} leaves no host page")
-    return dataclasses.replace(
-        base,
-        model=cell.model,
-        host_tokens=host,
-        write_policy=cell.write_policy,
-        prefetch_policy=cell.prefetch_policy,
-        faults=FAILING_STORE if cell.failing else base.faults,
+    return base.with_settings(
+        {
+            "model": cell.model,
+            "engine.host_tokens": host,
+            "write.policy": cell.write_policy,
+            "prefetch.policy": cell.prefetch_policy,
+            "faults": FAILING_STORE if cell.failing else base.faults,
+        }
     )
 
 

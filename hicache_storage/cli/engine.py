@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
+import msgspec
 
 from ..bench.engine import (
     EXTRA_RUNS,
@@ -23,9 +25,10 @@ from ..bench.engine import (
 )
 from ..bench.report import approx_size
 from ..config import read_source
-from ..engine.policies import PrefetchPolicy, WritePolicy
+from ..engine.model import DTYPES
 from ..errors import ConfigError
 from .options import backend_options, writable_file
+from .settings import SET_HELP, parse_assignment, read_settings_file
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -54,12 +57,13 @@ def render(result: BenchResult, console: Console) -> None:
     tokens = _table(
         ("L1 hit", "L2 hit", "L3 hit", "computed", "reused", "forwards"),
         title=(
-            f"hicache engine bench: {config.workload}, {config.model} on {config.device}, "
+            f"hicache engine bench: {config.workload.kind}, {config.model} on {config.device}, "
             f"backend {config.backend}, {runs[0].requests} requests"
         ),
         caption=(
-            f"prompt tokens; L1 pool {config.device_tokens:,} tokens "
-            f"({approx_size(result.device_pool_bytes)}), L2 pool {config.host_tokens:,} tokens "
+            f"prompt tokens; L1 pool {config.engine.device_tokens:,} tokens "
+            f"({approx_size(result.device_pool_bytes)}), L2 pool {config.engine.host_tokens:,} "
+            f"tokens "
             f"({approx_size(result.host_pool_bytes)}); same: outputs equal to no-cache's"
         ),
     )
@@ -126,7 +130,7 @@ def render(result: BenchResult, console: Console) -> None:
     _render_shortfall(runs, console)
 
     rounds = max(len(run.ttft_by_round_s) for run in runs)
-    label = "round" if config.workload == "multiturn" else "query"
+    label = "round" if config.workload.kind == "multiturn" else "query"
     repeats = max((summary.repeats for summary in result.summary), default=1)
     by_round = _table(
         [str(i) for i in range(rounds)],
@@ -303,14 +307,15 @@ def _progress(console: Console) -> Iterator[Progress]:
         yield advance
 
 
-def _turn_tokens(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
-    if value is None:
-        return None
-    try:
-        low, high = (int(part) for part in value.split(","))
-    except ValueError:
-        raise click.BadParameter("expected LOW,HIGH, e.g. 32,128") from None
-    return (low, high)
+def _take(settings: list[tuple[str, Any]], name: str, flag: str | None, default: Any) -> Any:
+    """Take ``name`` out of ``settings``: ``flag`` if given, else its last value or default.
+
+    The backend, its options and the model are read before the rest: they choose the backend's
+    scratch directory and the model's default sizes.
+    """
+    values = [value for path, value in settings if path == name]
+    settings[:] = [(path, value) for path, value in settings if path != name]
+    return flag if flag is not None else values[-1] if values else default
 
 
 @click.group("engine")
@@ -319,122 +324,48 @@ def engine_group() -> None:
 
 
 @engine_group.command("bench")
-@click.option("--backend", default="memory", show_default=True, help="Storage backend (L3).")
+@click.option("--backend", help="Storage backend (L3)  [default: memory]")
 @click.option(
     "--config", metavar="JSON|@FILE", help="The backend's options as JSON, or @path to a JSON file."
 )
 @click.option(
     "--model",
-    default="tiny",
-    show_default=True,
     metavar="NAME|CONFIG.JSON",
     help="tiny (CPU), 8b (Llama-3-8B shape), 70b-layers (20 Llama-3-70B layers), or a Hugging "
-    "Face config.json (Llama, Mistral, Qwen2, Qwen3: its shape, seeded random weights).",
-)
-@click.option(
-    "--repeat",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Serve every configuration N times in turn; tables show the median and range.",
+    "Face config.json (Llama, Mistral, Qwen2, Qwen3: its shape, seeded random weights); unset "
+    "settings take its defaults  [default: tiny]",
 )
 @click.option(
     "--workload",
     type=click.Choice(["multiturn", "documents"]),
-    default="multiturn",
-    show_default=True,
+    help="The workload's kind (workload.kind)  [default: multiturn]",
 )
 @click.option("--clients", type=click.IntRange(min=1), help="Conversations, or documents.")
 @click.option("--rounds", type=click.IntRange(min=1), help="Rounds each, or queries per document.")
-@click.option("--system-tokens", type=click.IntRange(min=1), help="Shared system prompt.")
-@click.option(
-    "--turn-tokens", metavar="LOW,HIGH", callback=_turn_tokens, help="Length range of a turn."
-)
-@click.option("--document-tokens", type=click.IntRange(min=1), help="Length of a document.")
-@click.option("--question-tokens", type=click.IntRange(min=1), help="Length of a question.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), help="Tokens generated per request.")
-@click.option(
-    "--arrival-rate",
-    type=click.FloatRange(min=0),
-    help="Requests per second (Poisson arrivals); 0 for none (closed loop).",
-)
-@click.option("--device-tokens", type=click.IntRange(min=1), help="Device pool (L1) in tokens.")
-@click.option("--host-tokens", type=click.IntRange(min=1), help="Host pool (L2) in tokens.")
-@click.option("--page-size", type=click.IntRange(min=1), help="Tokens per page.")
-@click.option("--chunk-tokens", type=click.IntRange(min=1), help="Most tokens in one forward.")
-@click.option("--max-running", type=click.IntRange(min=1), help="Most requests in one batch.")
-@click.option(
-    "--concurrency",
-    type=click.IntRange(min=0),
-    help="Most requests in flight (closed loop); 0 for no bound.",
-)
-@click.option(
-    "--write-policy",
-    type=click.Choice([p.value for p in WritePolicy]),
-    default=WritePolicy.WRITE_THROUGH.value,
-    show_default=True,
-)
-@click.option(
-    "--prefetch-policy",
-    type=click.Choice([p.value for p in PrefetchPolicy]),
-    default=PrefetchPolicy.ADAPTIVE.value,
-    show_default=True,
-)
-@click.option(
-    "--host-layout",
-    type=click.Choice(["layer_first", "page_first", "page_first_direct", "page_head"]),
-    default="layer_first",
-    show_default=True,
-)
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
+@click.option("--device", help="cpu, cuda or cuda:N  [default: cpu]")
 @click.option(
     "--dtype",
-    type=click.Choice(["float32", "bfloat16", "float16"]),
+    type=click.Choice(sorted(DTYPES)),
     help="Model and pool dtype (default: the model's own).",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the workload.")
 @click.option(
-    "--read-delay-s",
-    type=click.FloatRange(min=0),
-    help="Make the store slow: the fault layer waits this long before every L3 read.",
-)
-@click.option(
-    "--transfer-sms",
-    type=click.IntRange(min=0),
-    help="Most SMs a device/host pool copy occupies on a GPU (default 16); 0 for the whole GPU.",
-)
-@click.option(
-    "--early-loads/--no-early-loads",
-    default=None,
-    help="Copy a waiting request's fetched pages to the device as they arrive (default off).",
-)
-@click.option(
-    "--idle-writes/--no-idle-writes",
-    default=None,
-    help="Run the background writer under SCHED_IDLE on Linux (default on).",
-)
-@click.option(
-    "--managed-gc/--no-managed-gc",
-    default=None,
-    help="Run the garbage collector between the scheduler's steps, over what each run made, "
-    "instead of in whichever thread allocates (default on).",
-)
-@click.option(
-    "--warmup/--no-warmup",
-    default=None,
-    help="Serve a few clients' turns untimed on a throwaway cache before each configuration's "
-    "first run (default on).",
-)
-@click.option(
-    "--write-backlog",
-    type=click.FloatRange(min=0, max=1, min_open=True),
-    help="Share of the host pool that pages waiting to be written may hold before the writer "
-    "hurries (default 0.25; 1 hurries only when room has to wait).",
-)
-@click.option(
-    "--write-batch-bytes",
+    "--repeat",
     type=click.IntRange(min=1),
-    help="Most bytes a background write moves per storage call (default 16 MiB; at least a page).",
+    help="Serve every configuration N times in turn; tables show the median and range.",
+)
+@click.option("--set", "assignments", metavar="PATH=VALUE", multiple=True, help=SET_HELP)
+@click.option(
+    "--settings",
+    "settings_path",
+    metavar="FILE",
+    help="Settings as a JSON or TOML object: paths as --set's, or nested objects of them.",
+)
+@click.option(
+    "--runs",
+    metavar="NAMES",
+    help="Comma-separated configurations to run (no-cache always runs: the others are checked "
+    "against its tokens); default all four. L1+L2+L3-unverified runs storage without the "
+    "end-to-end page check, to measure what it costs.",
 )
 @click.option(
     "--json",
@@ -444,40 +375,58 @@ def engine_group() -> None:
 )
 @click.option("--plot", "plot_path", metavar="FILE", help="Write a PNG of mean TTFT by round.")
 @click.option("--log-y", is_flag=True, help="Plot TTFT on a log scale.")
-@click.option("--force", is_flag=True, help="Run --model 8b on a CPU anyway.")
-@click.option(
-    "--runs",
-    metavar="NAMES",
-    help="Comma-separated configurations to run (no-cache always runs: the others are checked "
-    "against its tokens); default all four. L1+L2+L3-unverified runs storage without the "
-    "end-to-end page check, to measure what it costs.",
-)
+@click.option("--force", is_flag=True, help="Run a model other than tiny on a CPU anyway.")
 def bench_command(
-    backend: str,
+    backend: str | None,
     config: str | None,
-    model: str,
+    model: str | None,
+    workload: str | None,
+    clients: int | None,
+    rounds: int | None,
+    device: str | None,
+    dtype: str | None,
+    repeat: int | None,
+    assignments: tuple[str, ...],
+    settings_path: str | None,
+    runs: str | None,
     json_path: str | None,
     plot_path: str | None,
     log_y: bool,
     force: bool,
-    runs: str | None,
-    arrival_rate: float | None,
-    concurrency: int | None,
-    **sizes: Any,
 ) -> None:
     """Serve one seeded workload with no cache, then L1, L1+L2 and L1+L2+L3, and compare.
 
     The device pool is the same in every configuration and the host pool the same with and
-    without storage; the backend is cleared before its run. Unset sizes take the model's
+    without storage; the backend is cleared before its run. Unset settings take the model's
     defaults, which for `tiny` overflow the device and host pools in a few seconds on a CPU.
     Without --config, a backend that needs a `root` or `path` runs in a temporary directory.
     """
     from rich.console import Console
 
-    if model != "tiny" and sizes["device"] == "cpu" and not force:
+    settings = read_settings_file(settings_path) if settings_path is not None else []
+    settings += [parse_assignment(text) for text in assignments]
+    flags = {
+        "workload.kind": workload,
+        "workload.clients": clients,
+        "workload.rounds": rounds,
+        "device": device,
+        "dtype": dtype,
+        "repeat": repeat,
+    }
+    settings += [(path, value) for path, value in flags.items() if value is not None]
+    name = _take(settings, "backend", backend, "memory")
+    chosen = _take(settings, "model", model, "tiny")
+    for what, value in (("backend", name), ("model", chosen)):
+        if not isinstance(value, str):
+            raise ConfigError(f"setting {what} must be a string, got {value!r}")
+    options = _take(settings, "backend_config", config, None)
+    if options is not None and not isinstance(options, str):
+        options = msgspec.json.encode(options).decode()
+    bench = BenchConfig.for_model(chosen, backend=name).with_settings(settings)
+    if bench.model != "tiny" and bench.device == "cpu" and not force:
         raise click.UsageError(
-            f"--model {model} is a full-size model in bfloat16, for a GPU (--device cuda); on "
-            "a CPU one request takes minutes. Pass --force to run it anyway."
+            f"--model {bench.model} is a full-size model in bfloat16, for a GPU (--device cuda); "
+            "on a CPU one request takes minutes. Pass --force to run it anyway."
         )
     if plot_path is not None:
         try:
@@ -496,22 +445,12 @@ def bench_command(
         writable_file(plot_path, "--plot")
     if json_path not in (None, "-"):
         writable_file(json_path, "--json")
-    _check_device(sizes["device"])
-    overrides = {key: value for key, value in sizes.items() if value is not None}
-    if overrides.get("transfer_sms") == 0:
-        overrides["transfer_sms"] = None
-    if arrival_rate is not None:
-        overrides["arrival_rate"] = arrival_rate or None
-    if concurrency is not None:
-        overrides["concurrency"] = concurrency or None
+    _check_device(bench.device)
     quiet = json_path == "-"
     err = Console(stderr=True)
-    with backend_options(backend, config, "hicache-engine-bench-") as options:
-        bench = BenchConfig.for_model(
-            model,
-            backend=backend,
-            backend_config=read_source(options) if options is not None else None,
-            **overrides,
+    with backend_options(name, options, "hicache-engine-bench-") as source:
+        bench = dataclasses.replace(
+            bench, backend_config=read_source(source) if source is not None else None
         )
         with _progress(err) as progress:
             result = run_bench(

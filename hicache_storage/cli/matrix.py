@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import click
 
@@ -12,6 +11,7 @@ from ..config import read_source
 from ..engine.policies import PrefetchPolicy, WritePolicy
 from ..errors import ConfigError
 from .options import backend_options, writable_file
+from .settings import SET_HELP, parse_assignment
 
 __all__ = ["matrix_command"]
 
@@ -82,15 +82,7 @@ def _row(result: CellResult) -> list[str]:
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--clients", type=click.IntRange(min=1), help="Documents.")
 @click.option("--rounds", type=click.IntRange(min=1), help="Queries per document.")
-@click.option("--document-tokens", type=click.IntRange(min=1), help="Length of a document.")
-@click.option("--device-tokens", type=click.IntRange(min=1), help="Device pool (L1) in tokens.")
-@click.option("--page-size", type=click.IntRange(min=1), help="Tokens per page.")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), help="Tokens generated per request.")
-@click.option(
-    "--host-layout",
-    type=click.Choice(["layer_first", "page_first", "page_first_direct"]),
-    help="The host pool's layout.",
-)
+@click.option("--set", "assignments", metavar="PATH=VALUE", multiple=True, help=SET_HELP)
 @click.option("--json", "json_path", metavar="FILE", help="Write every cell's figures as JSON.")
 def matrix_command(
     backend: str,
@@ -100,14 +92,18 @@ def matrix_command(
     write_policies: str,
     prefetch_policies: str,
     failing: bool,
+    device: str,
+    clients: int | None,
+    rounds: int | None,
+    assignments: tuple[str, ...],
     json_path: str | None,
-    **sizes: Any,
 ) -> None:
     """Serve a documents workload per cell: models x host ratios x write x prefetch policies.
 
     Each cell runs no cache, L1+L2 and L1+L2+L3 and prints L1+L2+L3's mean / p99 TTFT over the
     better of the other two (a failing-store cell: over L1+L2), beside the goal it must meet.
-    Sizes not given take the first model's defaults, for every cell.
+    Settings not given take the first model's defaults, for every cell; a cell's model,
+    host pool, policies and faults are its own.
     """
     from rich.console import Console
     from rich.table import Table
@@ -123,7 +119,12 @@ def matrix_command(
     )
     if json_path is not None:
         writable_file(json_path, "--json")
-    overrides = {key: value for key, value in sizes.items() if value is not None}
+    flags = {"device": device, "workload.clients": clients, "workload.rounds": rounds}
+    settings = [
+        ("workload.kind", "documents"),
+        *(parse_assignment(text) for text in assignments),
+        *((path, value) for path, value in flags.items() if value is not None),
+    ]
     console = Console()
     table = Table(
         "cell",
@@ -141,9 +142,7 @@ def matrix_command(
             grid[0].model,
             backend=backend,
             backend_config=read_source(options) if options is not None else None,
-            workload="documents",
-            **overrides,
-        )
+        ).with_settings(settings)
         result = run_matrix(
             base,
             grid,

@@ -17,36 +17,40 @@ from hicache_storage.bench.engine import (
     RUNS,
     BenchConfig,
     BenchResult,
+    EngineSettings,
     RunResult,
+    Workload,
     plot_ttft_by_round,
     run_bench,
 )
 from hicache_storage.cli import main
+from hicache_storage.engine.cache_config import CacheConfig, PrefetchConfig
+from hicache_storage.engine.policies import PrefetchPolicy
 from hicache_storage.errors import ConfigError, MissingDependencyError
 from hicache_storage.factory import create_backend
 
 # One request at a time, in order, waiting for every storage read: the hits are deterministic.
 # Four histories of up to ~50 tokens overflow a 64-token device pool and a 96-token host pool.
 SMALL = BenchConfig(
-    clients=4,
-    rounds=3,
-    system_tokens=12,
-    turn_tokens=(6, 12),
-    document_tokens=40,
-    question_tokens=4,
-    max_new_tokens=3,
-    page_size=4,
-    device_tokens=64,
-    host_tokens=96,
-    chunk_tokens=64,
-    concurrency=1,
-    prefetch_policy="wait_complete",
+    workload=Workload(
+        clients=4,
+        rounds=3,
+        system_tokens=12,
+        turn_tokens=(6, 12),
+        document_tokens=40,
+        question_tokens=4,
+        max_new_tokens=3,
+        concurrency=1,
+    ),
+    engine=EngineSettings(device_tokens=64, host_tokens=96, chunk_tokens=64),
+    cache=CacheConfig(4, prefetch=PrefetchConfig(policy=PrefetchPolicy.WAIT_COMPLETE)),
 )
 
 CLI_SMALL = [
-    "--clients", "4", "--rounds", "3", "--system-tokens", "12", "--turn-tokens", "6,12",
-    "--max-new-tokens", "3", "--page-size", "4", "--device-tokens", "64", "--host-tokens", "96",
-    "--concurrency", "1", "--prefetch-policy", "wait_complete",
+    "--clients", "4", "--rounds", "3", "--set", "workload.system_tokens=12",
+    "--set", "workload.turn_tokens=[6,12]", "--set", "workload.max_new_tokens=3",
+    "--set", "page_size=4", "--set", "engine.device_tokens=64", "--set", "engine.host_tokens=96",
+    "--set", "workload.concurrency=1", "--set", "prefetch.policy=wait_complete",
 ]  # fmt: skip
 
 
@@ -69,11 +73,12 @@ def outputs(run: RunResult) -> dict[tuple[int, int], list[int]]:
 
 def test_run_bench_runs_the_four_configurations_in_order(memory_result: BenchResult) -> None:
     assert [run.name for run in memory_result.runs] == [name for name, _ in RUNS]
-    turns = SMALL.clients * SMALL.rounds
+    workload = SMALL.workload
+    turns = workload.clients * workload.rounds
     for run in memory_result.runs:
         assert run.requests == len(run.records) == turns
-        assert run.generated_tokens == turns * SMALL.max_new_tokens
-        assert len(run.ttft_by_round_s) == SMALL.rounds
+        assert run.generated_tokens == turns * workload.max_new_tokens
+        assert len(run.ttft_by_round_s) == workload.rounds
         assert run.forwards > 0 and run.wall_s > 0
 
 
@@ -81,7 +86,7 @@ def test_run_bench_cached_configurations_give_the_no_cache_tokens(
     memory_result: BenchResult,
 ) -> None:
     reference = outputs(memory_result.run("no-cache"))
-    assert len(reference) == SMALL.clients * SMALL.rounds
+    assert len(reference) == SMALL.workload.clients * SMALL.workload.rounds
     for run in memory_result.runs:
         assert outputs(run) == reference
         assert run.identical
@@ -130,7 +135,7 @@ def test_run_bench_file_backend_starts_each_run_from_an_empty_store(tmp_path: Pa
 
 
 def test_run_bench_documents_number_queries_as_rounds() -> None:
-    config = dataclasses.replace(SMALL, workload="documents", clients=3, rounds=2)
+    config = SMALL.with_settings({"workload": {"kind": "documents", "clients": 3, "rounds": 2}})
     result = run_bench(config, runs=["L1+L2+L3"])
     run = result.run("L1+L2+L3")
     pairs = {(r.client, r.round) for r in run.records}
@@ -153,7 +158,8 @@ def test_bench_result_json_round_trips_with_its_keys(memory_result: BenchResult)
         "rates",
         "summary",
     }
-    assert report["config"]["device_tokens"] == 64 and report["model"]["name"] == "tiny"
+    assert report["config"]["engine"]["device_tokens"] == 64 and report["model"]["name"] == "tiny"
+    assert report["config"]["cache"]["prefetch"]["policy"] == "wait_complete"
     assert {"date", "torch", "device"} <= set(report["environment"])
     run = report["runs"][3]
     for key in (
@@ -200,22 +206,34 @@ def test_bench_result_json_masks_backend_secrets(memory_result: BenchResult) -> 
 def test_bench_config_rejects_bad_values() -> None:
     with pytest.raises(ConfigError, match="model"):
         BenchConfig(model="70b")
-    with pytest.raises(ConfigError, match="whole 8-token pages"):
-        BenchConfig(device_tokens=100)
+    with pytest.raises(ConfigError, match=r"engine\.device_tokens \(100\) must be whole 8-token"):
+        BenchConfig(engine=EngineSettings(device_tokens=100))
+    with pytest.raises(ConfigError, match="whole 12-token pages"):
+        BenchConfig().with_settings({"page_size": 12})
     with pytest.raises(ConfigError, match="write_through_everything"):
-        BenchConfig(write_policy="write_through_everything")
-    with pytest.raises(ConfigError, match="concurrency"):
-        BenchConfig(concurrency=0)
+        BenchConfig().with_settings({"write.policy": "write_through_everything"})
+    with pytest.raises(ConfigError, match=r"workload\.concurrency"):
+        Workload(concurrency=0)
+    with pytest.raises(ConfigError, match=r"workload\.kind"):
+        Workload(kind="chat")
+    with pytest.raises(ConfigError, match=r"workload\.turn_tokens"):
+        Workload(turn_tokens=(8, 4))
+    with pytest.raises(ConfigError, match=r"engine\.host_layout"):
+        EngineSettings(host_layout="diagonal")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="dtype"):
         BenchConfig(dtype="int8")
+    with pytest.raises(ConfigError, match="prefix_cache"):
+        BenchConfig().with_settings({"prefix_cache": False})
     assert BenchConfig(model="8b", dtype="float32").model_config().dtype == torch.float32
     assert BenchConfig.for_model("tiny") == BenchConfig()
-    assert BenchConfig.for_model("8b", clients=2).page_size == 64
+    large = BenchConfig.for_model("8b").with_settings({"workload.clients": 2})
+    assert large.cache.page_size == 64 and large.workload.clients == 2
+    assert large.workload.rounds == 6, "a setting changes its own field alone"
 
 
 def test_run_bench_refuses_a_request_larger_than_the_device_pool() -> None:
     with pytest.raises(ConfigError, match="needs 56 device slots but the device pool has 48"):
-        run_bench(dataclasses.replace(SMALL, device_tokens=48))
+        run_bench(SMALL.with_settings({"engine.device_tokens": 48}))
     with pytest.raises(ConfigError, match="unknown configurations"):
         run_bench(SMALL, runs=["L4"])
 
@@ -242,7 +260,7 @@ def test_cli_engine_bench_prints_tables_and_writes_json_and_plot(tmp_path: Path)
     data = json.loads(report.read_text())
     assert [run["name"] for run in data["runs"]] == [name for name, _ in RUNS]
     assert all(run["identical"] for run in data["runs"])
-    assert data["config"]["backend"] == "memory" and data["config"]["concurrency"] == 1
+    assert data["config"]["backend"] == "memory" and data["config"]["workload"]["concurrency"] == 1
     assert plot.read_bytes().startswith(b"\x89PNG")
     stored = data["runs"][-1]
     shortfall = result.stdout.split("where storage fell short")[1]
@@ -270,7 +288,9 @@ def test_cli_engine_bench_refuses_8b_on_a_cpu_without_force() -> None:
 
 
 def test_cli_engine_bench_reports_a_too_small_device_pool() -> None:
-    result = CliRunner().invoke(main, ["engine", "bench", *CLI_SMALL, "--device-tokens", "48"])
+    result = CliRunner().invoke(
+        main, ["engine", "bench", *CLI_SMALL, "--set", "engine.device_tokens=48"]
+    )
     assert result.exit_code == 2
     assert "error: round 2 of client 2 needs 56 device slots" in result.output
 
@@ -312,7 +332,7 @@ def test_every_forward_is_a_step_that_says_where_the_scheduler_spent_it(
             assert min(step.poll_s, step.admit_s, step.forward_s, step.finish_s, step.gc_s) >= 0
             assert step.context_tokens >= step.prefill_tokens + step.decode_tokens
         loaded = sum(s.loaded_tokens for s in steps)
-        assert loaded == run.cache["pages_loaded"] * SMALL.page_size
+        assert loaded == run.cache["pages_loaded"] * SMALL.cache.page_size
         assert sum(s.exposed_load_s for s in steps) == pytest.approx(run.exposed_load_s)
         assert sum(s.host_wait_s for s in steps) <= run.cache["host_room_wait_s"] + 1e-9
         if run.name != "L1+L2+L3":
@@ -357,7 +377,9 @@ def test_repeats_are_summarised_by_median_and_range() -> None:
             pytest.approx(means[0]), pytest.approx(means[1]), pytest.approx(means[2]),
         )  # fmt: skip
         rounds = [s for s in summary.ttft_by_round_s if s is not None]
-        assert len(rounds) == SMALL.rounds and all(s.low <= s.median <= s.high for s in rounds)
+        assert len(rounds) == SMALL.workload.rounds and all(
+            s.low <= s.median <= s.high for s in rounds
+        )
     assert BenchResult.from_json(result.to_json()) == result
 
 
@@ -373,7 +395,9 @@ def test_a_hugging_face_config_gives_the_model_its_shape(tmp_path: Path) -> None
             }
         )
     )  # fmt: skip
-    config = BenchConfig.for_model(str(path), device_tokens=256, host_tokens=256, page_size=8)
+    config = BenchConfig.for_model(str(path)).with_settings(
+        {"engine.device_tokens": 256, "engine.host_tokens": 256, "page_size": 8}
+    )
     shape = config.model_config()
     assert (shape.hidden, shape.layers, shape.heads, shape.kv_heads, shape.head_dim) == (
         64, 2, 4, 2, 32,
@@ -413,11 +437,10 @@ def test_the_70b_layer_shape_is_llama_3_70b_per_layer() -> None:
 
 
 def test_the_write_width_reaches_the_cache_and_is_checked() -> None:
-    """``--write-batch-bytes`` sets the cache's option; unset, the cache keeps its default."""
+    """``--set write.batch_bytes`` sets the cache's option; unset, the cache keeps its default."""
     from hicache_storage.bench.engine import _build_cache
-    from hicache_storage.engine.cache import CacheConfig
 
-    wide = _build_cache(BenchConfig(write_batch_bytes=1 << 26), "L1+L2", None)
+    wide = _build_cache(BenchConfig().with_settings({"write.batch_bytes": 1 << 26}), "L1+L2", None)
     plain = _build_cache(BenchConfig(), "L1+L2", None)
     try:
         assert wide.config.write.batch_bytes == 1 << 26
@@ -425,18 +448,17 @@ def test_the_write_width_reaches_the_cache_and_is_checked() -> None:
     finally:
         wide.close()
         plain.close()
-    with pytest.raises(ConfigError, match="write_batch_bytes"):
-        BenchConfig(write_batch_bytes=0)
-    result = CliRunner().invoke(main, ["engine", "bench", "--write-batch-bytes", "0"])
-    assert result.exit_code != 0 and "--write-batch-bytes" in result.output
+    with pytest.raises(ConfigError, match=r"write\.batch_bytes"):
+        BenchConfig().with_settings({"write.batch_bytes": 0})
+    result = CliRunner().invoke(main, ["engine", "bench", "--set", "write.batch_bytes=0"])
+    assert result.exit_code == 2 and "write.batch_bytes" in result.stderr
 
 
 def test_idle_writes_reaches_the_cache_and_is_checked() -> None:
-    """``--no-idle-writes`` turns the cache's option off; by default it is on, as the cache's."""
+    """``--set threads.idle_writes=false`` turns the cache's option off; by default it is on."""
     from hicache_storage.bench.engine import _build_cache
-    from hicache_storage.engine.cache import CacheConfig
 
-    off = _build_cache(BenchConfig(idle_writes=False), "L1+L2", None)
+    off = _build_cache(BenchConfig().with_settings({"threads.idle_writes": False}), "L1+L2", None)
     plain = _build_cache(BenchConfig(), "L1+L2", None)
     try:
         assert off.config.threads.idle_writes is False
@@ -445,13 +467,13 @@ def test_idle_writes_reaches_the_cache_and_is_checked() -> None:
         off.close()
         plain.close()
     with pytest.raises(ConfigError, match="idle_writes"):
-        BenchConfig(idle_writes=1)  # type: ignore[arg-type]
-    result = CliRunner().invoke(main, ["engine", "bench", "--help"])
-    assert "--no-idle-writes" in result.output
+        BenchConfig().with_settings({"threads.idle_writes": 1})
+    result = CliRunner().invoke(main, ["engine", "bench", "--set", "threads.idle_writes=1"])
+    assert result.exit_code == 2 and "threads.idle_writes" in result.stderr
 
 
 def test_managed_gc_is_on_by_default_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The bench's engines run the collector between steps unless ``--no-managed-gc``."""
+    """The bench's engines run the collector between steps unless ``engine.managed_gc=false``."""
     import gc
 
     from hicache_storage.bench import engine as bench_engine
@@ -465,15 +487,15 @@ def test_managed_gc_is_on_by_default_and_checked(monkeypatch: pytest.MonkeyPatch
             seen.append((managed_gc, gc.isenabled()))
 
     monkeypatch.setattr(bench_engine, "Engine", Watching)
-    small = dataclasses.replace(SMALL, rounds=1, clients=2, warmup=False)
+    small = SMALL.with_settings({"workload.rounds": 1, "workload.clients": 2, "warmup": False})
     run_bench(small, runs=["L1+L2"])
-    run_bench(dataclasses.replace(small, managed_gc=False), runs=["L1+L2"])
+    run_bench(small.with_settings({"engine.managed_gc": False}), runs=["L1+L2"])
     assert seen == [(True, False)] * 2 + [(False, True)] * 2, "no-cache and L1+L2, each way"
     assert gc.isenabled() and gc.get_freeze_count() == 0, "every engine gave it back"
     with pytest.raises(ConfigError, match="managed_gc"):
-        BenchConfig(managed_gc=1)  # type: ignore[arg-type]
-    result = CliRunner().invoke(main, ["engine", "bench", "--help"])
-    assert "--no-managed-gc" in result.output
+        EngineSettings(managed_gc=1)  # type: ignore[arg-type]
+    result = CliRunner().invoke(main, ["engine", "bench", "--set", "engine.managed_gc=1"])
+    assert result.exit_code == 2 and "engine.managed_gc" in result.stderr
 
 
 def test_each_configuration_is_warmed_once_on_a_store_it_leaves_empty(
@@ -502,14 +524,9 @@ def test_each_configuration_is_warmed_once_on_a_store_it_leaves_empty(
     monkeypatch.setattr(bench_engine, "_drive", counting)
     monkeypatch.setattr(bench_engine, "_build_cache", building)
     small = dataclasses.replace(
-        SMALL,
-        clients=3,
-        concurrency=2,
-        repeat=2,
-        backend="file",
-        backend_config={"root": str(root)},
-    )
-    everything, two = (3, 3 * SMALL.rounds), (2, 2 * SMALL.rounds)
+        SMALL, repeat=2, backend="file", backend_config={"root": str(root)}
+    ).with_settings({"workload.clients": 3, "workload.concurrency": 2})
+    everything, two = (3, 3 * SMALL.workload.rounds), (2, 2 * SMALL.workload.rounds)
     run_bench(dataclasses.replace(small, warmup=False), runs=["L1+L2+L3"])
     assert served == [everything] * 4, "no warm-up: no-cache and L1+L2+L3, twice"
     assert any(p.is_file() for p in root.rglob("*")), "the last run left its pages"

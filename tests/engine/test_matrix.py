@@ -13,8 +13,8 @@ from hicache_storage.bench.matrix import FAILING_STORE, GOAL, cell_config, cells
 from hicache_storage.cli import main
 from hicache_storage.errors import ConfigError
 
-BASE = BenchConfig.for_model(
-    "tiny", workload="documents", clients=3, rounds=2, document_tokens=64, warmup=False
+BASE = BenchConfig.for_model("tiny", warmup=False).with_settings(
+    {"workload": {"kind": "documents", "clients": 3, "rounds": 2, "document_tokens": 64}}
 )
 
 
@@ -29,11 +29,12 @@ def test_cells_cover_every_combination_and_a_failing_store_per_model() -> None:
 def test_a_cell_sets_the_host_pool_by_its_ratio_in_whole_pages() -> None:
     grid = cells(["tiny"], [0.5, 3], ["write_back"], ["timeout"])
     half, triple, failing = (cell_config(BASE, cell) for cell in grid)
-    assert half.host_tokens == BASE.device_tokens // 2
-    assert triple.host_tokens == 3 * BASE.device_tokens
-    assert (half.write_policy, half.prefetch_policy) == ("write_back", "timeout")
+    assert half.engine.host_tokens == BASE.engine.device_tokens // 2
+    assert triple.engine.host_tokens == 3 * BASE.engine.device_tokens
+    assert (half.cache.write.policy, half.cache.prefetch.policy) == ("write_back", "timeout")
     assert half.faults is None and failing.faults == FAILING_STORE
-    assert half.host_tokens % BASE.page_size == 0
+    assert half.engine.host_tokens % BASE.cache.page_size == 0
+    assert half.workload == BASE.workload and half.engine.device_tokens == BASE.engine.device_tokens
     with pytest.raises(ConfigError, match="no host page"):
         cell_config(BASE, cells(["tiny"], [0.001], ["write_back"], ["timeout"])[0])
 
@@ -63,8 +64,8 @@ def test_the_command_prints_every_cell_and_writes_json(tmp_path: Path) -> None:
         main,
         [
             "engine", "matrix", "--backend", "memory", "--ratios", "1", "--write-policies",
-            "write_back", "--no-failing", "--clients", "2", "--rounds", "2", "--document-tokens",
-            "64", "--json", str(out),
+            "write_back", "--no-failing", "--clients", "2", "--rounds", "2", "--set",
+            "workload.document_tokens=64", "--json", str(out),
         ],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -72,3 +73,5 @@ def test_the_command_prints_every_cell_and_writes_json(tmp_path: Path) -> None:
     assert len(json.loads(out.read_bytes())) == 1
     bad = CliRunner().invoke(main, ["engine", "matrix", "--write-policies", "sometimes"])
     assert bad.exit_code == 2 and "--write-policies" in bad.output
+    typo = CliRunner().invoke(main, ["engine", "matrix", "--set", "workload.documents=64"])
+    assert typo.exit_code == 2 and "document_tokens" in typo.stderr
