@@ -548,7 +548,7 @@ class RunResult:
     exposed_fraction: float | None
     forwards: int
     storage_cleared: bool | None
-    cache: dict[str, int | float]
+    cache: dict[str, Any]
     records: list[RequestRecord] = field(repr=False)
     repeat: int = 0
     costs: dict[str, float | None] = field(default_factory=dict)
@@ -561,6 +561,10 @@ class RunResult:
     """The backend's calls (``ops``: per operation, calls, hits and misses, latency), and what
     went wrong where anything did (``degraded``: failures the layers turned into misses;
     ``integrity_failures``); empty without storage."""
+    planner: dict[str, Any] = field(default_factory=dict)
+    """The cache's planner (:meth:`Planner.stats <hicache_storage.planner.Planner.stats>`): pages
+    per decision by the rule that made it (``fetch_pages``, under ``adaptive``; ``write_pages``,
+    written or shed), its write gate's counts (``gate``) and the measured rates (``rates``)."""
 
     @property
     def hit_tokens(self) -> int:
@@ -1154,6 +1158,7 @@ def _summarise(
         forwards=forwards,
         storage_cleared=cleared,
         cache=dataclasses.asdict(stats),
+        planner=cache.planner.stats(),
         records=records,
         parts_mean_s={
             part: float(np.mean([getattr(r, f"{part}_s") for r in records])) if records else 0.0

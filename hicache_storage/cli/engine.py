@@ -263,22 +263,27 @@ def _render_steps(runs: Sequence[RunResult], console: Console) -> None:
 
 def _render_shortfall(runs: Sequence[RunResult], console: Console) -> None:
     """Print what storage found but did not serve, and what the cache lost (first repeat)."""
-    stored = [run for run in runs if run.cache.get("prefetches")]
+    stored = [r for r in runs if r.cache.get("prefetches") or r.cache.get("backup_pages_shed")]
     if not stored:
         return
     names = ("prefetches", "prefetch_priced_out", "prefetch_no_room", "prefetch_pages_cut")
     table = _table(
-        ("fetches", "priced out", "no room", "pages cut", "pages lost"),
+        ("fetches", "priced out", "no room", "pages cut", "pages lost", "pages shed"),
         title="where storage fell short",
         caption=(
             "priced out: fetches that read nothing, recompute being cheaper; no room: fetches "
             "that found no host room for what storage held; pages cut: found but not read "
-            "before their request went; pages lost: computed pages that left the cache unwritten"
+            "before their request went; pages lost: computed pages that left the cache "
+            "unwritten; pages shed: writes the planner shed, by rule (absorb: the store writes "
+            "slower than it is offered pages; failing: its last writes stored nothing; unread: "
+            "a page reads back slower than it computes; probe: a write measuring it ran)"
         ),
     )
     for run in stored:
         counts = [run.cache.get(name, 0) for name in (*names, "pages_dropped")]
-        table.add_row(run.name, *(f"{count:,}" for count in counts))
+        shed = run.cache.get("backup_pages_shed") or {}
+        by_rule = ", ".join(f"{rule} {pages:,}" for rule, pages in sorted(shed.items()))
+        table.add_row(run.name, *(f"{count:,}" for count in counts), by_rule or "0")
     console.print(table)
 
 

@@ -27,6 +27,9 @@ such a write rather than lose the page). A storage failure is a miss: the reques
 - :class:`~hicache_storage.engine.prefetches.Prefetches`: the storage reads of waiting requests;
 - :class:`~hicache_storage.engine.fetch_decisions.FetchDecisions`: the prefetch policy's
   decisions (what is worth reading, how long to wait, whether storage is left alone);
+- :class:`~hicache_storage.planner.Planner` (:attr:`TierCache.planner`): under ``adaptive``,
+  which fetches are read and which backups the storage writer makes, each decision counted by
+  its rule (the component the SGLang adapter and the vLLM tier hold too);
 - :class:`~hicache_storage.engine.writes.StorageWrites`: backups to storage, and host room;
 - :class:`~hicache_storage.engine.transfers.Transfers`: device room, loads and backups between
   the device and the host, with :class:`~hicache_storage.engine.early_loads.EarlyLoads` and
@@ -58,6 +61,7 @@ from hicache_storage.errors import ConfigError, HostPoolError
 from hicache_storage.hostpool import HostKVPool, PageAllocator, UnifiedObjectPool
 from hicache_storage.kernels import DevicePool, KVTransfer
 from hicache_storage.keys import KeyScheme, ObjectFormat, RankSuffixScheme, UnifiedPlan
+from hicache_storage.planner import Planner
 from hicache_storage.planner.rates import CostModel
 
 from .cache_config import CacheConfig
@@ -130,7 +134,7 @@ class TierCache:
     ----------
     tiers
         The state the parts below share (config, pools, tree, allocator, transfer, storage
-        threads, stats, costs); the cache's properties of the same names read it.
+        threads, stats, costs, planner); the cache's properties of the same names read it.
     prefetches
         The storage reads of waiting requests
         (:class:`~hicache_storage.engine.prefetches.Prefetches`).
@@ -199,6 +203,7 @@ class TierCache:
         sms = config.transfer.sms if on_gpu else None
         transfer = None if host_pool is None else KVTransfer(device_pool, host_pool, sm_budget=sms)
         costs = CostModel()
+        planner = Planner(config.page_size, costs=costs)
         token_bytes = device_pool.row_nbytes * device_pool.num_kv * device_pool.layer_num
         decide = decisions_for(config.prefetch.policy)
         io: StorageIO | None = None
@@ -220,6 +225,7 @@ class TierCache:
                 nice=config.threads.nice,
                 idle_writes=config.threads.idle_writes,
                 shed_failing=decide.sheds_failing,
+                planner=planner if decide.plans_writes else None,
                 pool=registered,
             )
             if config.threads.switch_interval_s is not None:
@@ -236,6 +242,7 @@ class TierCache:
             scheme=_scheme_for(self._given_scheme, host_pool, self._exact_names, ""),
             stats=CacheStats(),
             costs=costs,
+            planner=planner,
             token_bytes=token_bytes,
         )
         self.copies = CopiesInFlight(self.tiers)
@@ -302,6 +309,11 @@ class TierCache:
     def costs(self) -> CostModel:
         """Measured read, query and compute times (the scheduler records its forwards)."""
         return self.tiers.costs
+
+    @property
+    def planner(self) -> Planner:
+        """Fetch-or-recompute and back-pressure over :attr:`costs` (its ``stats()`` says why)."""
+        return self.tiers.planner
 
     @property
     def token_bytes(self) -> int:

@@ -6,7 +6,7 @@ the bench and the conformance checks read it once a run is over.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["CacheStats"]
 
@@ -65,6 +65,13 @@ class CacheStats:
     writes_shed_failing: int = 0
     """Of ``writes_shed``, those shed because the store was failing (its recent calls delivered
     nothing); the rest, because it read back far slower than recompute."""
+    backup_pages_shed: dict[str, int] = field(default_factory=dict)
+    """Pages of backups the planner's back-pressure shed (:meth:`Planner.offer
+    <hicache_storage.planner.Planner.offer>`), by the rule that shed them: ``absorb`` (the
+    writer was offered pages faster than the store writes them), ``failing`` (its last writes
+    stored nothing), ``unread`` (reading a page back costs more than computing it) or
+    ``probe`` (a write measuring the store was in flight). Each was released unwritten at once,
+    as a failed write is: not counted in ``backups_failed``."""
     calls_abandoned: int = 0
     """Storage threads still in a backend call when ``close`` stopped waiting for them
     (``CacheConfig.close_timeout_s``)."""

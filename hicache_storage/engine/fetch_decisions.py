@@ -6,11 +6,13 @@ Each :class:`~hicache_storage.engine.policies.PrefetchPolicy` decides through on
 - :class:`FetchDecisions`, SGLang's three policies (``best_effort``, ``wait_complete``,
   ``timeout``): every page storage holds is read, a request waits as the policy's deadline says
   (:func:`~hicache_storage.engine.policies.prefetch_done_waiting`), and the store is always
-  asked and written;
-- :class:`AdaptiveDecisions`, ``adaptive``: the planner's calls
-  (:func:`~hicache_storage.planner.fetch.fetch_pays`,
-  :func:`~hicache_storage.planner.fetch.adaptive_wait_s`) weigh reading against recomputing,
-  and a store that fails or reads far slower than compute is left alone
+  asked and written (SGLang's own controller, the baseline the bench compares against);
+- :class:`AdaptiveDecisions`, ``adaptive``: the cache's planner weighs reading against
+  recomputing (:meth:`Planner.fetchable <hicache_storage.planner.Planner.fetchable>`, which
+  counts each decision by its rule, and :func:`~hicache_storage.planner.fetch.adaptive_wait_s`
+  while a fetch runs), its back-pressure decides which backups the storage writer makes
+  (:meth:`Planner.offer <hicache_storage.planner.Planner.offer>`, :attr:`plans_writes`), and a
+  store that fails or reads far slower than compute is left alone
   (:func:`~hicache_storage.engine.health.bypass`).
 
 Both price against the reads in flight (:attr:`FetchDecisions.reading`): the pages queued ahead
@@ -45,6 +47,10 @@ class FetchDecisions:
 
     sheds_failing: ClassVar[bool] = False
     """Whether the storage writer drops the backups queued while the store is failing."""
+
+    plans_writes: ClassVar[bool] = False
+    """Whether the planner decides which backups the storage writer makes (its back-pressure
+    sheds what the store cannot absorb); else every backup queued is written."""
 
     def __init__(self, tiers: Tiers) -> None:
         self.tiers = tiers
@@ -193,16 +199,44 @@ class AdaptiveDecisions(FetchDecisions):
     """
 
     sheds_failing: ClassVar[bool] = True
+    plans_writes: ClassVar[bool] = True
+
+    def writes_pay(self) -> bool:
+        """Whether a wait for writes could pay: reads pay, and the store keeps up with its writer.
+
+        Besides the read rate (:meth:`FetchDecisions.writes_pay`), the planner's back-pressure
+        measures the writer's seconds a page between its offers, outside the writes, against
+        the store's seconds a page written (:class:`~hicache_storage.planner.WriteGate`), and
+        sheds the share of the offers the store cannot absorb. Only while the store keeps up
+        are the writes ahead of a wait done at the rate they came; otherwise the pages waiting
+        are shed as the writer comes to them, or written behind a call slower than their
+        coming, and a wait would hold every running request for that call, where an L1+L2
+        cache waits for none. Unmeasured (before its first write returned), the store is not
+        waited for: a store of unknown speed holds the scheduler for none of its first calls.
+        A writer without the planner (:attr:`StorageIO.planner
+        <hicache_storage.engine.storage_io.StorageIO.planner>` None) writes every backup, and
+        is waited for as under SGLang's policies.
+        """
+        io = self.tiers.io
+        if io is not None and io.planner is not None:
+            gate = io.planner.gate.stats()
+            produce, write = gate["produce_s_per_page"], gate["write_s_per_page"]
+            if not (isinstance(produce, float) and isinstance(write, float) and produce >= write):
+                return False
+        return super().writes_pay()
 
     def worth_reading(self, pages: int) -> bool:
-        """Whether reading ``pages`` pages (reads queued ahead included) beats recomputing them."""
-        return fetch_pays(
+        """Whether reading ``pages`` pages (reads queued ahead included) beats recomputing them.
+
+        The planner decides (:meth:`Planner.fetchable
+        <hicache_storage.planner.Planner.fetchable>`), counting the pages by its rule.
+        """
+        plan = self.tiers.planner.fetchable(
             pages,
-            self.tiers.page_size,
-            self.queued_pages(None),
-            self.tiers.costs,
+            queued_pages=self.queued_pages(None),
             in_flight_s_per_page=self.in_flight_s_per_page(),
         )
+        return plan.pages > 0
 
     def waits_for_capacity(self, pages: int, held: int, capacity: int) -> bool:
         """Whether a fetch of ``pages`` should wait for prefetch capacity.

@@ -11,7 +11,10 @@ be given up front, or once the query has answered (:meth:`StorageIO.read`), so t
 taken only for pages storage holds. A
 :class:`Backup` names host slots to write under their keys; the write queue is bounded, and a
 full queue refuses a backup rather than block the scheduler (the pages stay unstored and are
-written again when next backed up or evicted).
+written again when next backed up or evicted). Before it writes the backups it took off the
+queue, the writer offers their pages to its :class:`~hicache_storage.planner.Planner`, if given
+one (back-pressure: what the store cannot absorb is shed, reported unwritten with the rule, rather
+than held on the host behind the writes ahead of it).
 
 The jobs (:class:`Prefetch`, :class:`Backup`, :class:`BackupDone`) are defined in
 :mod:`hicache_storage.engine.storage_jobs` and importable from here. Completions come back
@@ -42,6 +45,7 @@ from hicache_storage.backend import HostPool, StorageBackend
 from hicache_storage.engine.errors import StorageBugError
 from hicache_storage.errors import BackendError, ConfigError, HostPoolError
 from hicache_storage.kit.options import positive_int
+from hicache_storage.planner import Planner
 from hicache_storage.planner.rates import CostModel
 
 from .storage_jobs import Backup, BackupDone, Prefetch, PrefetchState
@@ -103,6 +107,11 @@ class StorageIO:
         is failing (:attr:`CostModel.failing <hicache_storage.planner.rates.CostModel.failing>`):
         each would only wait out a deadline, pinning its host pages meanwhile. Reported with
         ``shed`` set.
+    planner
+        Decides, on the writer's thread right before its calls, which backups are written
+        (:meth:`Planner.offer <hicache_storage.planner.Planner.offer>`, told how each ended with
+        :meth:`Planner.done <hicache_storage.planner.Planner.done>`); a backup it sheds is
+        reported unwritten with ``shed_by`` set. None writes every backup.
     pool
         The host pool the caller registered with ``backend``. A backend addresses one
         registered pool; if another user of the same backend object registers its own, every
@@ -125,6 +134,7 @@ class StorageIO:
         nice: int | None = None,
         idle_writes: bool = False,
         shed_failing: bool = False,
+        planner: Planner | None = None,
         pool: HostPool | None = None,
     ) -> None:
         check_nice(nice)
@@ -145,6 +155,8 @@ class StorageIO:
         self.write_linger_s = write_linger_s
         self.costs = costs
         self.shed_failing = shed_failing
+        self.planner = planner
+        """Decides which backups the writer makes (``planner`` above); None writes every one."""
         self._objects = object_indices
         self.refused_backups = 0
         self._queries: queue.Queue[object] = queue.Queue()
@@ -514,24 +526,55 @@ class StorageIO:
     def _batch_pages(self) -> int:
         return self.write_batch_pages * (HURRY_FACTOR if self._hurry.is_set() else 1)
 
-    def _write(self, jobs: Sequence[Backup]) -> list[bool]:
+    def _write(self, jobs: Sequence[Backup]) -> tuple[list[bool], str | None]:
+        """Write ``jobs`` if the planner admits them; return, per job, whether it was stored.
+
+        The second value is the planner's rule when it shed them (every job then unwritten).
+        The planner is offered every page of the jobs at once, on this thread, right before the
+        calls: its gate times this thread's offers against the writes it admitted, and a writer
+        with a queue behind it offers back to back. A plan that admits any page writes every
+        job: the cache's planner admits all the pages it is offered or none (the write policy
+        chose what is backed up).
+        """
+        self._check_pool()
+        planner = self.planner
+        pages = [key for job in jobs for key in job.keys[:: max(job.keys_per_page, 1)]]
+        if planner is None or not pages:
+            return self._write_calls(jobs)[0], None
+        with self._live() as live:  # nothing is asked or told once close gave up on the writer
+            plan = planner.offer(pages) if live else None
+        if plan is None or not plan.pages:
+            return [False] * len(jobs), None if plan is None else plan.rule
+        stored = 0
+        try:
+            outcomes, stored = self._write_calls(jobs)
+        finally:
+            with self._live() as live:
+                if live:
+                    planner.done(plan, stored)
+        return outcomes, None
+
+    def _write_calls(self, jobs: Sequence[Backup]) -> tuple[list[bool], int]:
         """Write ``jobs`` a few pages a call; return, per job, whether every page was stored.
 
-        Backups are background work: ``write_batch_pages`` bounds how many pages a backend that
+        The second value is the pages stored in all. Backups are background work:
+        ``write_batch_pages`` bounds how many pages a backend that
         parallelises a batch moves at once for them, so that they do not take the cores (and
         the GIL) that the model's forward and the prefetch reads need; once :meth:`hurry` was
         called, :data:`HURRY_FACTOR` times as many. Small backups share a call up to that bound
         (a call's fixed work, in the layers and the backend, is paid once for them); a job's
         pages after one that failed are not written, nor anything once :meth:`close` abandoned
         the writer (the host slots are no longer the caller's to read) or while the store is
-        failing (:meth:`_shedding`). A call that stored nothing is a failure the cost model
-        counts (:meth:`CostModel.observe_failure
-        <hicache_storage.planner.rates.CostModel.observe_failure>`).
+        failing (:meth:`_shedding`). Without a planner, a call that stored nothing is a failure
+        the cost model counts (:meth:`CostModel.observe_failure
+        <hicache_storage.planner.rates.CostModel.observe_failure>`); with one, the planner
+        counts each offer that stored nothing (:meth:`Planner.done
+        <hicache_storage.planner.Planner.done>`).
         """
         stored = [job.pages > 0 for job in jobs]
         cursor = [0] * len(jobs)  # pages of each job handed to a call so far
         pending = [i for i, ok in enumerate(stored) if ok]
-        self._check_pool()
+        pages_stored = 0
         while pending and not self._abandoned and not self._shedding():
             room = self._batch_pages()
             parts: list[tuple[int, int, int]] = []  # (job, first page, end page)
@@ -554,7 +597,7 @@ class StorageIO:
             except Exception as exc:  # noqa: BLE001 - not stored; the writer goes on (a bug: check())
                 self._failed(f"backup of {len(keys)} keys", exc)
                 done = []
-            if self.costs is not None and not any(done):
+            if self.costs is not None and self.planner is None and not any(done):
                 self.costs.observe_failure(write=True)
             at = 0
             for i, first, end in parts:
@@ -563,8 +606,9 @@ class StorageIO:
                 at += count
                 cursor[i] = end
                 stored[i] = stored[i] and ok
+                pages_stored += (end - first) if ok else 0
             pending = [i for i in pending if stored[i] and cursor[i] < jobs[i].pages]
-        return [ok and cursor[i] == jobs[i].pages for i, ok in enumerate(stored)]
+        return [ok and cursor[i] == jobs[i].pages for i, ok in enumerate(stored)], pages_stored
 
     def _shedding(self) -> bool:
         """Whether queued backups are dropped unwritten: ``shed_failing`` and a failing store."""
@@ -594,6 +638,7 @@ class StorageIO:
                     pages += more.pages
                 self._writing_now[:] = jobs
             shed = self._shedding()
+            shed_by: str | None = None
             try:
                 if shed:
                     outcomes = [False] * len(jobs)
@@ -601,7 +646,7 @@ class StorageIO:
                     for job in jobs:
                         if job.ready is not None:
                             job.ready()
-                    outcomes = self._write(jobs)
+                    outcomes, shed_by = self._write(jobs)
             except Exception as exc:  # noqa: BLE001 - not stored; the writer goes on (a bug: check())
                 self._failed(f"backup of {sum(len(job.keys) for job in jobs)} keys", exc)
                 outcomes = [False] * len(jobs)
@@ -614,7 +659,7 @@ class StorageIO:
                     return
                 self._writing_now.clear()
                 self._done.extend(
-                    BackupDone(job, stored, shed=shed)
+                    BackupDone(job, stored, shed=shed, shed_by=shed_by)
                     for job, stored in zip(jobs, outcomes, strict=True)
                 )
                 self._done_ready.notify_all()

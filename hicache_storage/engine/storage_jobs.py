@@ -300,3 +300,6 @@ class BackupDone:
     stored: bool
     shed: bool = False
     """Not written, nor tried: the store was failing when the writer came to it."""
+    shed_by: str | None = None
+    """Not written: the planner's rule that shed it (:meth:`Planner.offer
+    <hicache_storage.planner.Planner.offer>`), or None."""

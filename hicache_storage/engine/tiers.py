@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from hicache_storage.hostpool import HostKVPool, PageAllocator
 from hicache_storage.kernels import DevicePool, KVTransfer
 from hicache_storage.keys import KeyScheme
+from hicache_storage.planner import Planner
 from hicache_storage.planner.rates import CostModel
 
 from .cache_config import CacheConfig
@@ -50,7 +51,10 @@ class Tiers:
     stats
         What the cache served and moved.
     costs
-        Measured read, query and compute times.
+        Measured read, query, write and compute times.
+    planner
+        The decisions over ``costs``: which fetches are worth reading under ``adaptive``, and
+        which backups the storage writer makes (:class:`~hicache_storage.planner.Planner`).
     token_bytes
         Bytes of one token's KV over every layer.
     """
@@ -65,6 +69,7 @@ class Tiers:
     scheme: KeyScheme
     stats: CacheStats
     costs: CostModel
+    planner: Planner
     token_bytes: int
 
     @property

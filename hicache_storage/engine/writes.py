@@ -82,7 +82,9 @@ class StorageWrites:
         recompute (its request priced the wait out) than the blocked steps cost. A store whose
         pages read back slower than they compute is not waited for
         (:meth:`FetchDecisions.writes_pay
-        <hicache_storage.engine.fetch_decisions.FetchDecisions.writes_pay>`): None.
+        <hicache_storage.engine.fetch_decisions.FetchDecisions.writes_pay>`; under
+        ``adaptive``, nor one that writes slower than its writer is offered pages): None.
+        Backups the writer finished meanwhile (written or shed) are applied before either.
         """
         tiers = self.tiers
         pool = tiers.host_pool
@@ -97,6 +99,11 @@ class StorageWrites:
             if victim is None:
                 if not self.writing or tiers.io is None:
                     return None
+                finished = tiers.io.poll()  # shed or written since the step began: no wait
+                for done in finished:
+                    self.complete(done)
+                if finished:
+                    continue
                 if not self.decisions.writes_pay():
                     tiers.stats.write_waits_skipped += 1
                     return None
@@ -273,7 +280,9 @@ class StorageWrites:
         """Apply a finished backup: unpin or free its slots, mark stored what is still in the tree.
 
         A staged write (:meth:`stage`) frees its staging slots; the others unpin the node's
-        host copy.
+        host copy. A backup the planner shed is released as a failed one is (its node is not
+        written again when evicted, see :meth:`alloc_host`), counted by the planner's rule in
+        ``backup_pages_shed``.
         """
         tiers = self.tiers
         ticket = done.backup.ticket
@@ -289,6 +298,9 @@ class StorageWrites:
             if done.shed:  # the store was failing: its writer dropped the backup untried
                 tiers.stats.writes_shed += 1
                 tiers.stats.writes_shed_failing += 1
+            elif done.shed_by is not None:  # the planner's back-pressure: released unwritten
+                shed = tiers.stats.backup_pages_shed
+                shed[done.shed_by] = shed.get(done.shed_by, 0) + pages
             else:
                 tiers.stats.backups_failed += pages
             self._write_failed.add(node.id)

@@ -265,9 +265,13 @@ def test_cli_engine_bench_prints_tables_and_writes_json_and_plot(tmp_path: Path)
     stored = data["runs"][-1]
     shortfall = result.stdout.split("where storage fell short")[1]
     row = next(line for line in shortfall.splitlines() if "L1+L2+L3" in line)
-    counts = [int(cell.replace(",", "")) for cell in row.split("│")[2:-1]]
+    *cells, shed = row.split("│")[2:-1]
+    counts = [int(cell.replace(",", "")) for cell in cells]
     names = ("prefetches", "prefetch_priced_out", "prefetch_no_room", "prefetch_pages_cut")
     assert counts == [stored["cache"][name] for name in (*names, "pages_dropped")]
+    by_rule = sorted(stored["cache"]["backup_pages_shed"].items())
+    assert shed.strip() == (", ".join(f"{rule} {pages:,}" for rule, pages in by_rule) or "0")
+    assert set(stored["planner"]) == {"fetch_pages", "write_pages", "gate", "rates"}
     assert counts[0] > 0, "the storage run fetched"
 
 
