@@ -427,7 +427,7 @@ def test_reads_start_inside_the_forward_that_runs_when_a_query_answers(
     backend = Gated(memory)
     cache = adaptive_cache(backend)
     scheduler = Scheduler(model, cache)
-    cache.costs.observe_forward(1000, 100.0)  # computing priced at 0.1 s a token: reading pays
+    cache.costs.observe_forward(1000, 1.0)  # computing priced at 1 ms a token: reading pays
     running = scheduler.submit(Request([3 + i % 50 for i in range(300)], 2))
     first = running.lookup
     assert first is not None
