@@ -11,8 +11,8 @@ Each :class:`~hicache_storage.engine.policies.PrefetchPolicy` decides through on
   recomputing (:meth:`Planner.fetchable <hicache_storage.planner.Planner.fetchable>`, which
   counts each decision by its rule, and :func:`~hicache_storage.planner.fetch.adaptive_wait_s`
   while a fetch runs), its back-pressure decides which backups the storage writer makes
-  (:meth:`Planner.offer <hicache_storage.planner.Planner.offer>`, :attr:`FetchDecisions.plans_writes`), and a
-  store that fails or reads far slower than compute is left alone
+  (:meth:`Planner.offer <hicache_storage.planner.Planner.offer>`,
+  :attr:`FetchDecisions.plans_writes`), and a store that fails or reads far slower than compute is left alone
   (:func:`~hicache_storage.engine.health.bypass`).
 
 Both price against the reads in flight (:attr:`FetchDecisions.reading`): the pages queued ahead
