@@ -12,8 +12,8 @@ Each :class:`~hicache_storage.engine.policies.PrefetchPolicy` decides through on
   counts each decision by its rule, and :func:`~hicache_storage.planner.fetch.adaptive_wait_s`
   while a fetch runs), its back-pressure decides which backups the storage writer makes
   (:meth:`Planner.offer <hicache_storage.planner.Planner.offer>`,
-  :attr:`FetchDecisions.plans_writes`), and a store that fails or reads far slower than compute is left alone
-  (:func:`~hicache_storage.engine.health.bypass`).
+  :attr:`FetchDecisions.plans_writes`), and a store that fails or reads far slower than
+  compute is left alone (:func:`~hicache_storage.engine.health.bypass`).
 
 Both price against the reads in flight (:attr:`FetchDecisions.reading`): the pages queued ahead
 of a fetch, and the slowest call so far while the store is unmeasured.
