@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,9 @@ LOCALITIES = ("LOCAL", "REMOTE")
 """vLLM's tier localities (``vllm.v1.kv_offload.base.Locality``)."""
 
 _OUR_KEYS = frozenset({"backend", "options", "layers", "strict_start", "config"})
-_TIER_OPTIONS = frozenset({"read_threads", "write_threads", "locality"})
+_TIER_OPTIONS = frozenset(
+    {"read_threads", "write_threads", "locality", "planner", "prefill_tokens_per_s"}
+)
 TIER_KEYS = _OUR_KEYS | _TIER_OPTIONS
 """Keys a ``secondary_tiers`` entry may hold besides vLLM's ``type``, ``module_path`` and
 ``backpressure`` (which vLLM takes out before the tier sees its config)."""
@@ -35,12 +38,22 @@ class TierSettings:
         Load and store jobs running at once (each one ``batch_get_v1``/``batch_set_v1`` call).
     locality
         ``"LOCAL"`` or ``"REMOTE"``: where vLLM should count this tier's storage, or None.
+    planner
+        Whether the planner decides what is fetched and written
+        (:mod:`~hicache_storage.integrations.vllm.planning`); off, every stored chunk found is
+        a hit and every chunk offered is written.
+    prefill_tokens_per_s
+        Tokens a second the served model prefills, what recomputing a chunk is priced at; None
+        to derive it from what the tier sees
+        (:class:`~hicache_storage.integrations.vllm.prefill.PrefillClock`).
     """
 
     hicache: HiCacheConfig
     read_threads: int = 4
     write_threads: int = 2
     locality: str | None = None
+    planner: bool = True
+    prefill_tokens_per_s: float | None = None
 
     def __repr__(self) -> str:
         return redacted_repr(self)
@@ -57,8 +70,9 @@ def tier_settings(entry: Mapping[str, Any]) -> TierSettings:
     ------
     ConfigError
         For unknown keys, no ``backend`` (here, in ``config`` or ``HICACHE_BACKEND``), a
-        ``deployment`` (vLLM states every deployment fact), malformed values, or thread counts
-        that are not positive integers.
+        ``deployment`` (vLLM states every deployment fact), malformed values, thread counts
+        that are not positive integers, a ``planner`` that is not a bool or a
+        ``prefill_tokens_per_s`` that is not a positive number.
     """
     entry = dict(entry)
     if "deployment" in entry:
@@ -101,4 +115,25 @@ def tier_settings(entry: Mapping[str, Any]) -> TierSettings:
         raise ConfigError(
             f"HiCacheTier locality must be one of {list(LOCALITIES)}, got {locality!r}"
         )
-    return TierSettings(hicache, threads["read_threads"], threads["write_threads"], locality)
+    planner = entry.get("planner", True)
+    if not isinstance(planner, bool):
+        raise ConfigError(f"HiCacheTier planner must be true or false, got {planner!r}")
+    rate = entry.get("prefill_tokens_per_s")
+    if rate is not None and (
+        isinstance(rate, bool)
+        or not isinstance(rate, int | float)
+        or not math.isfinite(rate)
+        or rate <= 0
+    ):
+        raise ConfigError(
+            f"HiCacheTier prefill_tokens_per_s must be a positive number of tokens a second, "
+            f"got {rate!r}"
+        )
+    return TierSettings(
+        hicache,
+        threads["read_threads"],
+        threads["write_threads"],
+        locality,
+        planner,
+        None if rate is None else float(rate),
+    )

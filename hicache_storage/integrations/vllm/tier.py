@@ -8,6 +8,12 @@ read and write threads over a host pool adopted in place on the primary tier's s
 a queue for :meth:`get_finished_jobs`. The backend is built with the default layers, so a
 storage failure is a counted miss: a load that fails is a failed job (vLLM recomputes those
 chunks), a store that fails is a chunk not kept.
+
+Unless the entry says ``"planner": false``, the project's planner decides what moves
+(:mod:`~hicache_storage.integrations.vllm.planning`): a lookup hits only the leading stored chunks
+whose fetch beats recomputing them, each step's store jobs are offered to it at once and what it
+sheds is reported to vLLM as not stored right away, and the tier's back-pressure detector is the
+planner's (:mod:`~hicache_storage.integrations.vllm.pressure`).
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ import gc
 import inspect
 import logging
 import queue
+import secrets
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -44,9 +52,13 @@ from hicache_storage.backend import StorageBackend
 from hicache_storage.errors import BackendClosedError, ConfigError, HiCacheError
 from hicache_storage.factory import open_backend
 from hicache_storage.hostpool import MLAHostPool
-from hicache_storage.integrations.vllm.config import tier_settings
+from hicache_storage.integrations.vllm.config import TierSettings, tier_settings
 from hicache_storage.integrations.vllm.namespace import ChunkFormat, chunk_key, hash_setting
+from hicache_storage.integrations.vllm.planning import TierPlanner
+from hicache_storage.integrations.vllm.prefill import PrefillClock
+from hicache_storage.integrations.vllm.pressure import PlannerPressure
 from hicache_storage.keys import kv_settings, model_identity, weights_fingerprint
+from hicache_storage.planner import Planner, WritePlan
 
 __all__ = ["HiCacheTier", "chunk_format"]
 
@@ -161,7 +173,30 @@ def _adopt_rows(view: memoryview) -> MLAHostPool:
     return MLAHostPool.from_buffer(rows.view(num_chunks, 1, 1, row_bytes), 1, "page_first")
 
 
-_Work = Callable[[int, list[OffloadKey], torch.Tensor], None]
+@dataclass
+class _Store:
+    """A store job's chunks: its keys, their primary-tier rows, and which of them to write."""
+
+    job_id: int
+    keys: list[OffloadKey]
+    chunks: Any
+    admitted: list[bool] | None = None  # None: every chunk
+
+    def written(self) -> list[int]:
+        """Positions of the chunks to write."""
+        if self.admitted is None:
+            return list(range(len(self.keys)))
+        return [i for i, ok in enumerate(self.admitted) if ok]
+
+
+def _tier_planner(settings: TierSettings, chunk: ChunkFormat) -> TierPlanner:
+    """Build the tier's planner: a chunk is its page; prefill at the entry's rate or derived."""
+    sizes = [tokens * chunk.blocks_per_chunk for tokens, _ in chunk.groups]
+    chunk_tokens = min(sizes, default=chunk.tokens_per_hash * chunk.blocks_per_chunk)
+    planner = Planner(max(chunk_tokens, 1))
+    step_tokens = int(_engine_config().scheduler_config.max_num_batched_tokens)
+    prefill = PrefillClock(planner, chunk_tokens, step_tokens, rate=settings.prefill_tokens_per_s)
+    return TierPlanner(planner, prefill)
 
 
 class _JobThreads:
@@ -219,6 +254,12 @@ class HiCacheTier(SecondaryTierManager):  # type: ignore[misc]  # vLLM ships no 
     store that cannot be reached does not fail it: the tier starts with the store detached
     (every lookup a counted miss, logged as an error) and attaches it once it answers, unless
     the entry says ``"strict_start": true`` (then the backend's own error fails start-up).
+
+    With the planner (the default), the tier's back-pressure detector is
+    :class:`~hicache_storage.integrations.vllm.pressure.PlannerPressure` unless the entry names
+    vLLM's ``backpressure``: the planner, not vLLM's fixed water marks, decides which stores are
+    shed, at the step's end where it sees their keys, and the detector reports its decisions to
+    vLLM's metrics and logs.
     """
 
     medium: ClassVar[Medium] = Medium.STORAGE
@@ -259,10 +300,28 @@ class HiCacheTier(SecondaryTierManager):  # type: ignore[misc]  # vLLM ships no 
         self._busy = 0  # existence queries and jobs running
         self._progress = threading.Event()  # set when one of them ends
         self._last_poll = 0.0
-        self._counts = {"loaded": 0, "load_failed": 0, "stored": 0, "store_failed": 0}
+        self._asked = False  # a lookup of the last step is waiting for its query
+        self._counts = {
+            "loaded": 0,
+            "load_failed": 0,
+            "stored": 0,
+            "store_failed": 0,
+            "store_shed": 0,
+        }
         self._lookups = _Lookups(self, tier_type)
         self._closed = False
         self._backend_stats: dict[str, Any] = {}
+        self._plan: TierPlanner | None = None
+        self._stores: list[_Store] = []  # this step's store jobs, offered together
+        self._prober: threading.Thread | None = None
+        if settings.planner:
+            self._plan = _tier_planner(settings, self.format)
+            if backpressure_detector is None:
+                self._bp_detector = PlannerPressure(self._plan.write_s_per_page, row_bytes)
+            self._prober = threading.Thread(
+                target=self._probe, name="hicache-vllm-probe", daemon=True
+            )
+            self._prober.start()
         logger.info(
             "HiCacheTier on %r: %d chunks of %d bytes, key namespace vllm-%s",
             self.backend,
@@ -285,33 +344,64 @@ class HiCacheTier(SecondaryTierManager):  # type: ignore[misc]  # vLLM ships no 
         return [prefix + key.hex() for key in keys]
 
     def _exists(self, keys: list[OffloadKey]) -> list[bool]:
+        """Answer the leading stored keys, with the planner only those whose fetch pays."""
+        names = self._keys(keys)
         with self._lock:
             self._busy += 1
         try:
-            found = self.backend.batch_exists(self._keys(keys))
+            start = time.perf_counter()
+            found = self.backend.batch_exists(names)
+            if self._plan is not None:
+                found = self._plan.fetchable(names, found, time.perf_counter() - start)
         finally:
             with self._lock:
                 self._busy -= 1
             self._progress.set()
         return [i < found for i in range(len(keys))]
 
+    def _probe(self) -> None:
+        """Time a read of a key never stored, so the planner prices the store before any load.
+
+        The key is shorter than every chunk's, so no tier ever stores it. The read is a
+        single-key ``get`` into a buffer of its own, never a row of vLLM's primary tier, and
+        :meth:`shutdown` joins this thread before it closes the backend: nothing it does
+        outlives the tier.
+        """
+        assert self._plan is not None
+        key = f"{self._key_prefix}probe{secrets.token_hex(8)}"
+        try:
+            self._plan.probe(lambda: self.backend.get(key))
+        except HiCacheError:
+            logger.warning("HiCacheTier's probe of the store failed", exc_info=True)
+
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """HIT or MISS once the request's query has been answered, RETRY until then."""
+        if self._plan is not None:
+            self._plan.prefill.looked_up(key, req_context.req_id)
         result = self._lookups.lookup(key, req_context)
         if result is None:
+            self._asked = True
             return LookupResult.RETRY
         return LookupResult.HIT if result else LookupResult.MISS
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
-        """Send this step's existence queries (one batch) to the lookup thread."""
+        """Offer the step's stores to the planner; send its existence queries (one batch)."""
+        if self._plan is not None:
+            self._plan.prefill.flush()
+            self._flush_stores()
+            self._plan.prefill.scheduled(context.new_req_ids)
         self._lookups.flush()
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         """Offload each request's chunks as vLLM computes them (its default policy)."""
+        if self._plan is not None:
+            self._plan.prefill.started(req_context.req_id)
         return RequestOffloadingContext()
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         """Drop the request's lookup bookkeeping (queries in flight still finish)."""
+        if self._plan is not None:
+            self._plan.prefill.finished(req_context.req_id)
         self._lookups.cleanup(req_context.req_id)
 
     # -- transfers (the tier's threads) ---------------------------------------------------------
@@ -319,63 +409,153 @@ class HiCacheTier(SecondaryTierManager):  # type: ignore[misc]  # vLLM ships no 
     def _indices(self, chunk_ids: Collection[int]) -> torch.Tensor:
         return torch.from_numpy(np.asarray(chunk_ids, dtype=np.int64))
 
-    def submit_store(self, job_metadata: TransferJob) -> None:
-        """Write the job's chunks from the primary tier on a write thread."""
-        self._submit(self._writers, self._store, job_metadata)
-
-    def submit_load(self, job_metadata: TransferJob) -> None:
-        """Read the job's chunks into the primary tier on a read thread."""
-        self._submit(self._readers, self._load, job_metadata)
-
-    def _submit(self, threads: _JobThreads, work: _Work, job: TransferJob) -> None:
+    def _checked_keys(self, job: TransferJob) -> list[OffloadKey]:
         keys = list(job.keys)
         if len(keys) != len(job.chunk_ids):
             raise ValueError(f"job {job.job_id}: {len(keys)} keys for {len(job.chunk_ids)} chunks")
+        return keys
+
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        """Write the job's chunks from the primary tier on a write thread.
+
+        With the planner, the job waits for the step's end, where the step's jobs are offered
+        to it together (:meth:`_flush_stores`).
+        """
+        store = _Store(
+            job_metadata.job_id, self._checked_keys(job_metadata), job_metadata.chunk_ids
+        )
+        with self._lock:
+            self._jobs += 1
+        if self._plan is None:
+            self._write_later([store], None)
+            return
+        self._plan.prefill.stored(store.keys, job_metadata.req_context)
+        self._stores.append(store)
+
+    def _flush_stores(self) -> None:
+        """Offer the step's store jobs to the planner in one call; write what it admits.
+
+        One offer a step, not one a job: vLLM hands the jobs of a step's requests over at once,
+        and the planner admits one call at a time while it measures a store's write rate, so
+        jobs offered one by one would shed every request's chunks but the first's. A job with
+        no chunk admitted is reported not stored at once; vLLM unpins its chunks at its next
+        poll.
+        """
+        stores, self._stores = self._stores, []
+        if not stores or self._plan is None:
+            return
+        plan = self._plan.offer([name for store in stores for name in self._keys(store.keys)])
+        admitted = iter(plan.admitted)
+        shed: list[int] = []
+        writes: list[_Store] = []
+        for store in stores:
+            store.admitted = [next(admitted) for _ in store.keys]
+            kept = sum(store.admitted)
+            if kept < len(store.keys):
+                shed.append(len(store.keys) - kept)
+            if kept:
+                writes.append(store)
+            else:
+                self._finished.put(
+                    JobResult(
+                        job_id=store.job_id, success=False, transfer_time=0.0, transfer_bytes=0
+                    )
+                )
+        if isinstance(self._bp_detector, PlannerPressure):
+            pressured = plan.pages == 0 and plan.rule != "admission"
+            self._bp_detector.offered(plan.rule if pressured else None, shed)
+        self._count(store_shed=sum(shed))
+        self._ended(len(stores) - len(writes))
+        if writes:
+            self._write_later(writes, plan)
+
+    def _write_later(self, stores: list[_Store], plan: WritePlan | None) -> None:
+        with self._lock:
+            self._busy += 1
+        work = functools.partial(self._store, stores, plan)
+        self._writers.submit(functools.partial(self._run, work, [s.job_id for s in stores]))
+
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        """Read the job's chunks into the primary tier on a read thread."""
+        keys = self._checked_keys(job_metadata)
+        job_id, chunks = job_metadata.job_id, job_metadata.chunk_ids
         with self._lock:
             self._busy += 1
             self._jobs += 1
-        threads.submit(functools.partial(self._run, work, job.job_id, keys, job.chunk_ids))
+        if self._plan is not None:
+            self._plan.queue_read(len(keys))
+        work = functools.partial(self._load, job_id, keys, chunks)
+        self._readers.submit(functools.partial(self._run, work, [job_id]))
 
-    def _run(self, work: _Work, job_id: int, keys: list[OffloadKey], chunks: Any) -> None:
-        """Run one job on a tier thread; whatever happens, vLLM hears that it ended."""
+    def _run(self, work: Callable[[], None], job_ids: list[int]) -> None:
+        """Run jobs' work on a tier thread; whatever happens, vLLM hears that they ended."""
         try:
-            work(job_id, keys, self._indices(chunks))
+            work()
         except Exception:  # a bug, not a storage failure (the layers turn those into misses)
-            logger.exception("HiCacheTier job %d failed", job_id)
-            self._finished.put(JobResult(job_id=job_id, success=False))
+            logger.exception("HiCacheTier jobs %s failed", job_ids)
+            for job_id in job_ids:
+                self._finished.put(JobResult(job_id=job_id, success=False))
         finally:
             with self._lock:
                 self._busy -= 1
-                self._jobs -= 1
-                if not self._jobs:
-                    self._drained.notify_all()
-            self._progress.set()
+            self._ended(len(job_ids))
 
-    def _store(self, job_id: int, keys: list[OffloadKey], indices: torch.Tensor) -> None:
+    def _ended(self, jobs: int) -> None:
+        """``jobs`` jobs have their results queued."""
+        if not jobs:
+            return
+        with self._lock:
+            self._jobs -= jobs
+            if not self._jobs:
+                self._drained.notify_all()
+        self._progress.set()
+
+    def _store(self, stores: list[_Store], plan: WritePlan | None) -> None:
+        """Write the admitted chunks of ``stores`` in one call; report each job and the plan.
+
+        Every result is queued after the call and the planner's report, so a bug before them
+        leaves each job to :meth:`_run`'s failure report, never reported twice.
+        """
+        picks = [store.written() for store in stores]
+        keys = [store.keys[i] for store, pick in zip(stores, picks, strict=True) for i in pick]
+        rows = [store.chunks[i] for store, pick in zip(stores, picks, strict=True) for i in pick]
         start = time.perf_counter()
         try:
-            stored = self.backend.batch_set_v1(self._keys(keys), indices)
+            stored = self.backend.batch_set_v1(self._keys(keys), self._indices(rows))
         except HiCacheError:
-            logger.exception("HiCacheTier store job %d failed", job_id)
+            logger.exception("HiCacheTier store jobs %s failed", [s.job_id for s in stores])
             stored = [False] * len(keys)
-        ok = sum(stored)
-        self._count(stored=ok, store_failed=len(keys) - ok)
-        self._finished.put(
-            JobResult(
-                job_id=job_id,
-                success=ok == len(keys),
-                transfer_time=time.perf_counter() - start,
-                transfer_bytes=ok * self.block_size_bytes,
+        elapsed = time.perf_counter() - start
+        if plan is not None and self._plan is not None:
+            self._plan.done(plan, sum(stored))
+        results = []
+        outcomes = iter(stored)
+        for store, pick in zip(stores, picks, strict=True):
+            ok = sum(next(outcomes) for _ in pick)
+            self._count(stored=ok, store_failed=len(pick) - ok)
+            results.append(
+                JobResult(
+                    job_id=store.job_id,
+                    success=ok == len(store.keys),
+                    transfer_time=elapsed * len(pick) / max(len(keys), 1),
+                    transfer_bytes=ok * self.block_size_bytes,
+                )
             )
-        )
+        for result in results:
+            self._finished.put(result)
 
-    def _load(self, job_id: int, keys: list[OffloadKey], indices: torch.Tensor) -> None:
+    def _load(self, job_id: int, keys: list[OffloadKey], chunks: Any) -> None:
+        """Read the job's chunks; the planner gets the call's chunks delivered and seconds."""
+        call = None if self._plan is None else self._plan.begin_read(len(keys))
         start = time.perf_counter()
+        loaded = [False] * len(keys)
         try:
-            loaded = self.backend.batch_get_v1(self._keys(keys), indices)
+            loaded = self.backend.batch_get_v1(self._keys(keys), self._indices(chunks))
         except HiCacheError:
             logger.exception("HiCacheTier load job %d failed", job_id)
-            loaded = [False] * len(keys)
+        finally:
+            if call is not None and self._plan is not None:
+                self._plan.end_read(call, sum(loaded))
         ok = sum(loaded)
         self._count(loaded=ok, load_failed=len(keys) - ok)
         failed = [key for key, hit in zip(keys, loaded, strict=True) if not hit]
@@ -419,17 +599,20 @@ class HiCacheTier(SecondaryTierManager):  # type: ignore[misc]  # vLLM ships no 
     def _yield_while_spinning(self) -> None:
         """Give the tier's threads the GIL while vLLM's scheduler only waits for them.
 
-        vLLM steps without pause while a transfer is in flight (this is called once per step).
-        A step with nothing to run takes a fraction of a millisecond, so the scheduler thread
-        holds the GIL almost always, and every time a read thread comes back from a system call
-        it waits out the switch interval (5 ms): measured, 128 chunks took 936 ms to load
-        instead of 9. When steps come faster than :data:`SPIN_S` and storage work is running,
-        the scheduler waits up to :data:`SPIN_S` for it instead; a step that runs a forward
-        takes longer than that and never waits.
+        vLLM steps without pause while a transfer is in flight or a lookup is waiting for its
+        query (this is called once per step). A step with nothing to run takes a fraction of a
+        millisecond, so the scheduler thread holds the GIL almost always, and every time a tier
+        thread comes back from a system call, or the lookup thread wakes for a query, it waits
+        out the switch interval (5 ms): measured, 128 chunks took 936 ms to load instead of 9.
+        When steps come faster than :data:`SPIN_S` and storage work is running or a lookup of
+        the last step was answered RETRY, the scheduler waits up to :data:`SPIN_S` for it
+        instead; a step that runs a forward takes longer than that and never waits.
         """
         now = time.monotonic()
         spinning = now - self._last_poll < SPIN_S
-        if spinning and self._busy and self._finished.empty():
+        waiting = self._busy or self._asked
+        self._asked = False  # this step's lookups, which come next, say again
+        if spinning and waiting and self._finished.empty():
             self._progress.wait(SPIN_S)
             self._progress.clear()
             now = time.monotonic()
@@ -442,15 +625,23 @@ class HiCacheTier(SecondaryTierManager):  # type: ignore[misc]  # vLLM ships no 
 
     def drain_jobs(self) -> None:
         """Wait for every submitted job (each ends within the backend's timeouts)."""
+        self._flush_stores()
         with self._lock:
             self._drained.wait_for(lambda: not self._jobs)
 
     def stats(self) -> dict[str, Any]:
-        """Chunks loaded, stored and failed, and the backend's own stats (hits, errors)."""
+        """Chunks loaded, stored, failed and shed, and the backend's own stats (hits, errors).
+
+        With the planner, ``planner`` holds its decisions by rule (``fetch_pages``: chunks
+        found and fetched or recomputed; ``write_pages``: written or shed) and its rates.
+        """
         with self._lock:
             counts = dict(self._counts)
         backend = self._backend
-        return {**counts, "backend": backend.stats() if backend else self._backend_stats}
+        stats = {**counts, "backend": backend.stats() if backend else self._backend_stats}
+        if self._plan is not None:
+            stats["planner"] = self._plan.stats()
+        return stats
 
     def shutdown(self) -> None:
         """Finish running jobs, stop the threads, close the backend; idempotent.
@@ -461,8 +652,11 @@ class HiCacheTier(SecondaryTierManager):  # type: ignore[misc]  # vLLM ships no 
             return
         self._closed = True
         self._lookups.shutdown()
+        self._flush_stores()
         self._readers.stop()
         self._writers.stop()
+        if self._prober is not None:
+            self._prober.join()
         logger.info("HiCacheTier closing: %s", self.stats())
         self._backend_stats = self.backend.stats()
         self.backend.close()
