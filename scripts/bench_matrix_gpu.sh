@@ -24,4 +24,4 @@ hicache engine matrix --device cuda --backend file --config "{\"root\": \"$l3/st
   --prefetch-policies "${PREFETCHES:-adaptive}" \
   --clients 16 --rounds 3 --set workload.document_tokens=4096 --set engine.device_tokens=16384 \
   --set page_size=64 --set workload.max_new_tokens=4 --set engine.host_layout=page_first \
-  --json "$out/matrix.json" 2>&1 | tee "$out/matrix.log"
+  --json "$out/matrix.json" --details "$out/cells.jsonl" 2>&1 | tee "$out/matrix.log"

@@ -33,6 +33,7 @@ __all__ = [
     "Cell",
     "CellResult",
     "MatrixResult",
+    "cell_details",
     "cells",
     "run_matrix",
 ]
@@ -155,6 +156,14 @@ class MatrixResult:
         """Return the figures (not the per-request records) as JSON."""
         slim = [dataclasses.replace(cell, result=None) for cell in self.cells]
         return msgspec.json.format(msgspec.json.encode(slim), indent=1)
+
+
+def cell_details(cell: CellResult) -> bytes:
+    """Return one cell's ratios and its runs without per-request and per-step records, as JSON:
+    what a reader needs to see where a cell's time went (parts, waits, planner, storage calls)."""
+    runs = [] if cell.result is None else cell.result.runs
+    slim = [dataclasses.replace(run, records=[], steps=[]) for run in runs]
+    return msgspec.json.encode({"cell": dataclasses.replace(cell, result=None), "runs": slim})
 
 
 def summarise(cell: Cell, result: BenchResult) -> CellResult:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import click
 
-from ..bench.matrix import CellResult, cells, run_matrix
+from ..bench.matrix import CellResult, cell_details, cells, run_matrix
 from ..config import read_source
 from ..engine.policies import PrefetchPolicy, WritePolicy
 from ..errors import ConfigError
@@ -84,6 +84,12 @@ def _row(result: CellResult) -> list[str]:
 @click.option("--rounds", type=click.IntRange(min=1), help="Queries per document.")
 @click.option("--set", "assignments", metavar="PATH=VALUE", multiple=True, help=SET_HELP)
 @click.option("--json", "json_path", metavar="FILE", help="Write every cell's figures as JSON.")
+@click.option(
+    "--details",
+    "details_path",
+    metavar="FILE",
+    help="Append each cell's runs (breakdowns, planner, storage calls) as a JSON line as it ends.",
+)
 def matrix_command(
     backend: str,
     config: str | None,
@@ -97,6 +103,7 @@ def matrix_command(
     rounds: int | None,
     assignments: tuple[str, ...],
     json_path: str | None,
+    details_path: str | None,
 ) -> None:
     """Serve a documents workload per cell: models x host ratios x write x prefetch policies.
 
@@ -117,8 +124,9 @@ def matrix_command(
         _names(prefetch_policies, [p.value for p in PrefetchPolicy], "--prefetch-policies"),
         failing=failing,
     )
-    if json_path is not None:
-        writable_file(json_path, "--json")
+    for path, option in ((json_path, "--json"), (details_path, "--details")):
+        if path is not None:
+            writable_file(path, option)
     flags = {"device": device, "workload.clients": clients, "workload.rounds": rounds}
     settings = [
         ("workload.kind", "documents"),
@@ -143,11 +151,14 @@ def matrix_command(
             backend=backend,
             backend_config=read_source(options) if options is not None else None,
         ).with_settings(settings)
-        result = run_matrix(
-            base,
-            grid,
-            done=lambda cell: console.print(f"{cell.cell.label}: {' | '.join(_row(cell)[1:])}"),
-        )
+
+        def done(cell: CellResult) -> None:
+            console.print(f"{cell.cell.label}: {' | '.join(_row(cell)[1:])}")
+            if details_path is not None:
+                with open(details_path, "ab") as out:
+                    out.write(cell_details(cell) + b"\n")
+
+        result = run_matrix(base, grid, done=done)
     for cell in result.cells:
         table.add_row(*_row(cell))
     console.print(table)
