@@ -91,6 +91,11 @@ class CopyFence:
         """Whether the copies are done, without waiting."""
         return self._event is None or bool(self._event.query())  # type: ignore[no-untyped-call]
 
+    def order(self, stream: torch.cuda.Stream) -> None:
+        """Make ``stream`` wait for the copies, on the GPU: the calling thread does not block."""
+        if self._event is not None:
+            stream.wait_event(self._event)
+
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

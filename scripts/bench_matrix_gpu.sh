@@ -10,7 +10,8 @@
 # 8b, 20 layers of 70b, and an MHA shape of our own (scripts/models/mha-13b-20-layers.json: 40 KV
 # heads, 400 KiB of KV a token, 3.1x the 8B's). Each of MODELS, RATIOS, WRITES, PREFETCHES (comma
 # lists) can be set in the environment to run part of the matrix within one session's GPU time.
-# Needs the package installed and one CUDA GPU; the store lives under a temporary directory.
+# EXTRA adds options (--no-failing, --set path=value). Needs the package installed and one
+# CUDA GPU; the store lives under a temporary directory.
 set -euo pipefail
 out=${1:?usage: bench_matrix_gpu.sh OUTDIR}
 mkdir -p "$out"
@@ -24,4 +25,4 @@ hicache engine matrix --device cuda --backend file --config "{\"root\": \"$l3/st
   --prefetch-policies "${PREFETCHES:-adaptive}" \
   --clients 16 --rounds 3 --set workload.document_tokens=4096 --set engine.device_tokens=16384 \
   --set page_size=64 --set workload.max_new_tokens=4 --set engine.host_layout=page_first \
-  --json "$out/matrix.json" --details "$out/cells.jsonl" 2>&1 | tee "$out/matrix.log"
+  ${EXTRA:-} --json "$out/matrix.json" --details "$out/cells.jsonl" 2>&1 | tee "$out/matrix.log"

@@ -17,10 +17,13 @@ beside (:data:`GOAL`, :data:`FAILING_GOAL`), so a reader sees which cells miss a
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import msgspec
+import torch
 
 from hicache_storage.config import FaultConfig, FaultRule
 from hicache_storage.errors import ConfigError
@@ -159,8 +162,10 @@ class MatrixResult:
 
 
 def cell_details(cell: CellResult) -> bytes:
-    """Return one cell's ratios and its runs without per-request and per-step records, as JSON:
-    what a reader needs to see where a cell's time went (parts, waits, planner, storage calls)."""
+    """Return one cell's ratios and runs as JSON, without per-request and per-step records.
+
+    What a reader needs to see where a cell's time went: parts, waits, planner, storage calls.
+    """
     runs = [] if cell.result is None else cell.result.runs
     slim = [dataclasses.replace(run, records=[], steps=[]) for run in runs]
     return msgspec.json.encode({"cell": dataclasses.replace(cell, result=None), "runs": slim})
@@ -187,19 +192,39 @@ def summarise(cell: Cell, result: BenchResult) -> CellResult:
     )
 
 
+_RUNS = ("L1+L2", "L1+L2+L3")
+"""The configurations each cell runs besides no cache."""
+
+
 def run_matrix(
     base: BenchConfig,
     grid: Iterable[Cell],
     *,
     done: Callable[[CellResult], None] | None = None,
+    isolate: bool | None = None,
 ) -> MatrixResult:
-    """Serve every cell of ``grid`` over ``base``'s workload; ``done`` sees each as it ends."""
+    """Serve every cell of ``grid`` over ``base``'s workload; ``done`` sees each as it ends.
+
+    With ``isolate`` (the default on a GPU) each cell runs in a child process of its own: a
+    cell starts on a GPU no earlier cell's model, pools, graphs or allocator still hold, so
+    its figures do not depend on the order of the grid (in one process the GPU kept each
+    cell's model weights and the fifth cell's model no longer fit).
+    """
+    if isolate is None:
+        isolate = torch.device(base.device).type == "cuda"
     results: list[CellResult] = []
     for cell in grid:
         config = cell_config(base, cell)
-        bench = run_bench(config, runs=["L1+L2", "L1+L2+L3"])
+        bench = _run_isolated(config) if isolate else run_bench(config, runs=_RUNS)
         summary = summarise(cell, bench)
         results.append(summary)
         if done is not None:
             done(summary)
     return MatrixResult(results)
+
+
+def _run_isolated(config: BenchConfig) -> BenchResult:
+    """Run one cell's bench in a fresh child process and return its result."""
+    context = multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(run_bench, config, runs=_RUNS).result()

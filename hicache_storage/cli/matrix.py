@@ -112,6 +112,7 @@ def matrix_command(
     Settings not given take the first model's defaults, for every cell; a cell's model,
     host pool, policies and faults are its own.
     """
+    import torch
     from rich.console import Console
     from rich.table import Table
 
@@ -154,6 +155,13 @@ def matrix_command(
 
         def done(cell: CellResult) -> None:
             console.print(f"{cell.cell.label}: {' | '.join(_row(cell)[1:])}")
+            if device.startswith("cuda"):
+                free, total = torch.cuda.mem_get_info(torch.device(device))
+                held = torch.cuda.memory_allocated(torch.device(device))
+                console.print(
+                    f"  {device}: {free / 2**30:.1f} of {total / 2**30:.1f} GiB free, "
+                    f"{held / 2**30:.1f} GiB held by tensors"
+                )
             if details_path is not None:
                 with open(details_path, "ab") as out:
                     out.write(cell_details(cell) + b"\n")

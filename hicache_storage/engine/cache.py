@@ -249,7 +249,7 @@ class TierCache:
         self.stored_copies = StoredCopies()
         self.decisions = decide(self.tiers)
         self.writes = StorageWrites(self.tiers, self.copies, self.stored_copies, self.decisions)
-        self.early = EarlyLoads(self.tiers)
+        self.early = EarlyLoads(self.tiers, self.copies)
         self.transfers = Transfers(
             self.tiers, self.copies, self.stored_copies, self.writes, self.early
         )

@@ -200,15 +200,21 @@ class TransferConfig:
         ``sm_budget``); None for the whole GPU. A copy kernel on every SM holds the forward
         beside it back for as long as it runs; a few SMs fill the PCIe link
         (``docs/kernels.md``, *SM confinement*).
+    overlap_backups
+        Run device→host backups on a side stream beside the forwards (a GPU only). Off, each
+        backup runs on the forwards' stream and the next forward waits for it; kept to
+        measure the overlap against.
     """
 
     load_max_gbps: float | None = None
     backup_max_gbps: float | None = None
     sms: int | None = 16
+    overlap_backups: bool = True
 
     def __post_init__(self) -> None:
         if self.sms is not None:
             _positive_int("transfer.sms", self.sms)
+        _check_bool("transfer.overlap_backups", self.overlap_backups)
         for name in ("load_max_gbps", "backup_max_gbps"):
             rate = getattr(self, name)
             if rate is not None and (

@@ -33,12 +33,27 @@ device→host transfer on the forward's stream (about 0.16 ms) and the host page
 
 
 class CopiesInFlight:
-    """Copies between the pools that may still be running, and the host slots they touch."""
+    """Copies between the pools that may still be running, and the slots they touch.
+
+    On a GPU with ``transfer.overlap_backups`` (the default) device→host copies run on a side
+    stream of their own, beside the forwards: a backup queued behind a forward on the
+    forward's stream held the next forward back for as long as it ran, and a request's time
+    to first token with it. Whoever reuses a copy's slots is ordered after it instead: a
+    device slot freed for another use (:meth:`release_device`, on the GPU, without blocking
+    the scheduler's thread), a host slot read by a fetch or the storage writer (its fence).
+    """
 
     def __init__(self, tiers: Tiers) -> None:
         self.tiers = tiers
+        device = tiers.device_pool.device
+        overlap = device.type == "cuda" and tiers.config.transfer.overlap_backups
+        self._stream = torch.cuda.Stream(device) if overlap else None  # type: ignore[no-untyped-call]
         self._host_copies: list[tuple[torch.Tensor, CopyFence]] = []
         """Device→host copies that may still be in flight: their host slots and fences."""
+        self._device_copies: list[tuple[torch.Tensor, CopyFence]] = []
+        """Side-stream copies that may still read device slots: the slots and fences."""
+        self._last: CopyFence | None = None
+        """The fence of the latest side-stream copy."""
         self._loading: list[tuple[LayerLoad | EarlyLoad, list[Node]]] = []
         """Loads that may still read host slots, and the nodes pinned on the host meanwhile."""
 
@@ -50,11 +65,50 @@ class CopiesInFlight:
         """
         transfer = self.tiers.transfer
         assert transfer is not None
-        transfer.backup(device, host, max_gbps=self.tiers.config.transfer.backup_max_gbps)
-        fence = transfer.fence()
+        pace = self.tiers.config.transfer.backup_max_gbps
+        stream = self._stream
+        if stream is None:
+            transfer.backup(device, host, max_gbps=pace)
+            fence = transfer.fence()
+        else:
+            target = self.tiers.device_pool.device
+            stream.wait_stream(torch.cuda.current_stream(target))  # after the forward wrote them
+            with torch.cuda.stream(stream):
+                # Pinned indices: a copy from pageable memory would wait for the stream, and
+                # the stream for the forward in flight, holding the scheduler's thread.
+                dev = device.pin_memory().to(target, non_blocking=True)
+                slots = host.pin_memory().to(target, non_blocking=True)
+                transfer.backup(dev, slots, max_gbps=pace)
+                fence = transfer.fence()
+            self._device_copies = [c for c in self._device_copies if not c[1].done()]
+            self._device_copies.append((device, fence))
+            self._last = fence
         if self.tiers.io is not None:
             self._in_flight().append((host, fence))
         return fence
+
+    def fence(self) -> CopyFence | None:
+        """Return a fence after every device→host copy queued so far (None without a transfer)."""
+        if self._stream is not None:
+            return self._last or CopyFence()
+        transfer = self.tiers.transfer
+        return None if transfer is None else transfer.fence()
+
+    def release_device(self, slots: torch.Tensor) -> None:
+        """Order the next use of device ``slots`` after the side-stream copies still reading them.
+
+        Called as slots leave the tree (evicted to make room): the forward that reuses them
+        waits on the GPU for those copies alone; the scheduler's thread does not block.
+        """
+        copies = self._device_copies = [c for c in self._device_copies if not c[1].done()]
+        if not copies or not slots.numel():
+            return
+        hit = torch.isin(torch.cat([dev for dev, _ in copies]), slots)
+        sizes = [dev.numel() for dev, _ in copies]
+        current = torch.cuda.current_stream(self.tiers.device_pool.device)
+        for (_, fence), part in zip(copies, hit.split_with_sizes(sizes), strict=True):
+            if bool(part.any()):
+                fence.order(current)
 
     def copies_into(self, slots: torch.Tensor) -> Callable[[], None] | None:
         """Return the wait for the device→host copies still in flight into ``slots`` (or None).

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from .copies import CopiesInFlight
 from .leases import Lookup
 from .loading import EarlyLoad
 from .nodes import Tier
@@ -27,10 +28,14 @@ class EarlyLoads:
     tiers
         The cache's shared state. On a GPU with a storage tier and ``prefetch.early_loads``
         on, the copies run on a side stream of their own.
+    copies
+        Copies in flight: a device page evicted for an early load may still be read by its
+        backup to the host.
     """
 
-    def __init__(self, tiers: Tiers) -> None:
+    def __init__(self, tiers: Tiers, copies: CopiesInFlight) -> None:
         self.tiers = tiers
+        self.copies = copies
         device = tiers.device_pool.device
         wanted = (
             device.type == "cuda" and tiers.io is not None and tiers.config.prefetch.early_loads
@@ -92,7 +97,9 @@ class EarlyLoads:
             victim = next(tree.evictable(Tier.DEVICE), None)
             if victim is None or Tier.HOST not in victim.tiers:
                 return None
-            device_alloc.free(tree.evict_device(victim))
+            freed = tree.evict_device(victim)
+            self.copies.release_device(freed)
+            device_alloc.free(freed)
         return device_alloc.alloc(count)
 
     def drop(self, lookup: Lookup) -> None:

@@ -91,7 +91,9 @@ class Transfers:
                 )
                 if not kept and tiers.io is not None:  # nowhere else: recomputed when next asked
                     tiers.stats.pages_dropped += victim.num_tokens // page
-            device_alloc.free(tiers.tree.evict_device(victim))
+            freed = tiers.tree.evict_device(victim)
+            self.copies.release_device(freed)
+            device_alloc.free(freed)
         slots = device_alloc.alloc(need)
         if slots is None:
             raise HostPoolError(f"the device pool cannot hold {need} more tokens")

@@ -234,7 +234,8 @@ class StorageWrites:
             return False
         if node.id in self.writing:
             return self.writing[node.id][2] is None
-        ready = None if tiers.transfer is None else tiers.transfer.fence().wait
+        fence = self.copies.fence()
+        ready = None if fence is None else fence.wait
         if not self._queue_write(node, host, ready, staging=None):
             return False
         tiers.tree.pin_host(node)
