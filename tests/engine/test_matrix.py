@@ -59,19 +59,37 @@ def test_the_matrix_reports_the_tier_over_the_better_baseline() -> None:
 
 
 def test_the_command_prints_every_cell_and_writes_json(tmp_path: Path) -> None:
-    out = tmp_path / "matrix.json"
+    out, details = tmp_path / "matrix.json", tmp_path / "cells.jsonl"
     result = CliRunner().invoke(
         main,
         [
             "engine", "matrix", "--backend", "memory", "--ratios", "1", "--write-policies",
             "write_back", "--no-failing", "--clients", "2", "--rounds", "2", "--set",
-            "workload.document_tokens=64", "--json", str(out),
+            "workload.document_tokens=64", "--json", str(out), "--details", str(details),
         ],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "tiny host 1x write_back/adaptive" in result.output
     assert len(json.loads(out.read_bytes())) == 1
+    (line,) = details.read_bytes().splitlines()
+    cell = json.loads(line)
+    assert cell["cell"]["cell"]["write_policy"] == "write_back"
+    runs = {run["name"]: run for run in cell["runs"]}
+    assert set(runs) == {"no-cache", "L1+L2", "L1+L2+L3"}
+    assert all(run["records"] == [] and run["steps"] == [] for run in runs.values())
+    assert runs["L1+L2+L3"]["parts_mean_s"] and "gate" in runs["L1+L2+L3"]["planner"]
     bad = CliRunner().invoke(main, ["engine", "matrix", "--write-policies", "sometimes"])
     assert bad.exit_code == 2 and "--write-policies" in bad.output
     typo = CliRunner().invoke(main, ["engine", "matrix", "--set", "workload.documents=64"])
     assert typo.exit_code == 2 and "document_tokens" in typo.stderr
+
+
+def test_an_isolated_cell_runs_in_a_child_process_and_reports_the_same_figures() -> None:
+    grid = cells(["tiny"], [1.0], ["write_through"], ["adaptive"], failing=False)
+    (cell,) = run_matrix(BASE, grid, isolate=True).cells
+    assert cell.result is not None and cell.identical
+    assert {run.name for run in cell.result.runs} == {"no-cache", "L1+L2", "L1+L2+L3"}
+    assert cell.result.runs[0].records, "the child's per-request records come back"
+    assert cell.mean_ratio == pytest.approx(
+        cell.ttft_mean_s["L1+L2+L3"] / cell.ttft_mean_s[cell.baseline]
+    )
