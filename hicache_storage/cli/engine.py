@@ -23,6 +23,7 @@ from ..bench.engine import (
     plot_ttft_by_round,
     run_bench,
 )
+from ..bench.matrix import GOAL
 from ..bench.report import approx_size
 from ..config import read_source
 from ..engine.model import DTYPES
@@ -54,11 +55,13 @@ def render(result: BenchResult, console: Console) -> None:
     """Print ``result``: tokens and traffic, latency and loads, then mean TTFT by round."""
     config = result.config
     runs = [run for run in result.runs if run.repeat == 0]
+    repeats = max((summary.repeats for summary in result.summary), default=1)
+    shown = f", repeat 1 of {repeats} (medians below)" if repeats > 1 else ""
     tokens = _table(
         ("L1 hit", "L2 hit", "L3 hit", "computed", "reused", "forwards"),
         title=(
             f"hicache engine bench: {config.workload.kind}, {config.model} on {config.device}, "
-            f"backend {config.backend}, {runs[0].requests} requests"
+            f"backend {config.backend}, {runs[0].requests} requests{shown}"
         ),
         caption=(
             f"prompt tokens; L1 pool {config.engine.device_tokens:,} tokens "
@@ -83,7 +86,7 @@ def render(result: BenchResult, console: Console) -> None:
 
     latency = _table(
         ("TTFT mean", "p50", "p90", "p99", "out tok/s", "all tok/s", "wall s"),
-        title="latency and throughput",
+        title=f"latency and throughput{shown}",
         caption="TTFT in ms; tok/s over the run's wall time (out: generated, all: with prompts)",
     )
     for run in runs:
@@ -98,8 +101,9 @@ def render(result: BenchResult, console: Console) -> None:
             f"{run.wall_s:.2f}",
         )
     console.print(latency)
-    if result.summary and max(s.repeats for s in result.summary) > 1:
+    if repeats > 1:
         _render_repeats(result, console)
+        _warn_spread(result, console)
     _render_parts(result, console)
     _render_steps(runs, console)
 
@@ -131,7 +135,6 @@ def render(result: BenchResult, console: Console) -> None:
 
     rounds = max(len(run.ttft_by_round_s) for run in runs)
     label = "round" if config.workload.kind == "multiturn" else "query"
-    repeats = max((summary.repeats for summary in result.summary), default=1)
     by_round = _table(
         [str(i) for i in range(rounds)],
         title=f"mean TTFT (ms) by {label}" + (f", median of {repeats}" if repeats > 1 else ""),
@@ -194,6 +197,24 @@ def _render_repeats(result: BenchResult, console: Console) -> None:
             _spread(summary.ttft_over_bound, 1.0, 2),
         )
     console.print(table)
+
+
+def _warn_spread(result: BenchResult, console: Console) -> None:
+    """Warn where a configuration's repeats spread wider than the matrix's goal allows.
+
+    Two configurations whose medians differ by less than that spread cannot be told apart by
+    these runs (a busy machine, most often a CPU shared with other work).
+    """
+    for summary in result.summary:
+        spread = summary.ttft_mean_s
+        if spread.low > 0 and spread.high / spread.low > GOAL:
+            console.print(
+                f"[yellow]warning:[/] {summary.name}: mean TTFT spread "
+                f"{_ms(spread.low)}-{_ms(spread.high)} ms over {summary.repeats} repeats "
+                f"({spread.high / spread.low - 1:.0%}, more than the {GOAL - 1:.0%} a matrix "
+                "cell allows); differences smaller than that are noise",
+                highlight=False,
+            )
 
 
 def _render_parts(result: BenchResult, console: Console) -> None:

@@ -19,6 +19,7 @@ from hicache_storage.bench.engine import (
     BenchResult,
     EngineSettings,
     RunResult,
+    Spread,
     Workload,
     plot_ttft_by_round,
     run_bench,
@@ -385,6 +386,28 @@ def test_repeats_are_summarised_by_median_and_range() -> None:
             s.low <= s.median <= s.high for s in rounds
         )
     assert BenchResult.from_json(result.to_json()) == result
+
+
+def test_the_tables_name_the_repeat_they_show_and_a_wide_spread_is_warned() -> None:
+    from rich.console import Console
+
+    from hicache_storage.cli.engine import render
+
+    result = run_bench(dataclasses.replace(SMALL, repeat=2), runs=["L1+L2"])
+
+    def printed() -> str:
+        console = Console(record=True, width=400)
+        render(result, console)
+        return console.export_text()
+
+    for summary in result.summary:
+        summary.ttft_mean_s = Spread(median=0.0100, low=0.0100, high=0.0102)
+    narrow = printed()
+    assert "repeat 1 of 2 (medians below)" in narrow and "spread" not in narrow
+    result.summary[1].ttft_mean_s = Spread(median=0.0125, low=0.0100, high=0.0150)
+    wide = printed()
+    assert f"warning: {result.summary[1].name}: mean TTFT spread 10.0-15.0 ms" in wide
+    assert f"warning: {result.summary[0].name}: mean" not in wide
 
 
 def test_a_hugging_face_config_gives_the_model_its_shape(tmp_path: Path) -> None:
