@@ -74,6 +74,7 @@ from hicache_storage.errors import (
     BackendError,
     BatchMismatchError,
     BufferSizeError,
+    ConfigError,
     HiCacheError,
     InvalidKeyError,
 )
@@ -228,6 +229,11 @@ class FileBackend(StorageBackend):
         self._failures: Counter[str] = Counter()
         self._read_errors = 0
         self._unlisted: set[str] = set()
+        if os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise ConfigError(
+                f"file backend root {self.root!r} is a file, not a directory: give a directory "
+                "(created when missing) for the store's pages"
+            )
         try:
             os.makedirs(self.root, exist_ok=True)
         except OSError as exc:

@@ -24,6 +24,7 @@ from hicache_storage.errors import (
     BackendIOError,
     BatchMismatchError,
     BufferSizeError,
+    ConfigError,
     IndexAlignmentError,
     InvalidValueError,
     PoolNotRegisteredError,
@@ -187,6 +188,14 @@ def test_root_is_created(tmp_path: Path) -> None:
     with FileBackend(FileConfig(root=str(root)), Deployment()) as b:
         assert b.set("k", b"v")
     assert root.is_dir()
+
+
+def test_a_root_that_is_a_file_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    root = tmp_path / "pages"
+    root.write_bytes(b"not a directory")
+    with pytest.raises(ConfigError, match="is a file, not a directory"):
+        FileBackend(FileConfig(root=str(root)), Deployment())
+    assert root.read_bytes() == b"not a directory"
 
 
 # -- batches ------------------------------------------------------------------------------------
