@@ -81,6 +81,71 @@ def test_docs_exist() -> None:
     assert (DOCS / "index.md").is_file()
 
 
+# A Markdown link, [text](target) or [text](target#anchor); images and bare URLs are not links here.
+MD_LINK = re.compile(r"(?<!!)\[[^\]]*\]\((?P<target>[^)\s#]*)(?:#(?P<anchor>[^)\s]*))?\)")
+HEADING = re.compile(r"^#{1,6}[ \t]+(?P<title>.+?)[ \t]*#*$", re.MULTILINE)
+FENCE = re.compile(r"^(`{3,}|:{3,}).*?^\1[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+def slug(title: str) -> str:
+    """Return the anchor MyST gives a heading (``myst_heading_anchors``: GitHub's slugs)."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", title).replace("`", "").strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = FENCE.sub("", page.read_text(encoding="utf-8"))
+    return {slug(m["title"]) for m in HEADING.finditer(text)}
+
+
+def home_links() -> list[tuple[str, str | None]]:
+    text = FENCE.sub("", (DOCS / "index.md").read_text(encoding="utf-8"))
+    return [(m["target"], m["anchor"]) for m in MD_LINK.finditer(text)]
+
+
+def test_home_page_is_its_own_page_not_the_readme() -> None:
+    text = (DOCS / "index.md").read_text(encoding="utf-8")
+    assert "README" not in text, "docs/index.md is the users' home page; it must not include README"
+    assert text.startswith("# "), "docs/index.md starts with its own title"
+
+
+def test_home_page_links_resolve() -> None:
+    broken = []
+    for target, anchor in home_links():
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        path = DOCS / target if target else DOCS / "index.md"
+        if not path.is_file():
+            broken.append(f"{target}: no such page")
+        elif anchor and anchor not in anchors(path):
+            broken.append(f"{target}#{anchor}: no such heading")
+    assert home_links(), "docs/index.md links no page"
+    assert not broken, f"broken links on the home page: {broken}"
+
+
+def test_home_page_links_every_page() -> None:
+    linked = {target for target, _ in home_links()}
+    unlinked = [
+        page.relative_to(DOCS).as_posix()
+        for page in pages()
+        if docname(page) != "index"
+        and (not docname(page).startswith("api/") or docname(page) == "api/index")
+        and page.relative_to(DOCS).as_posix() not in linked
+    ]
+    assert not unlinked, (
+        f"pages the home page does not link (add them to 'Where to find'): {unlinked}"
+    )
+
+
+@pytest.mark.parametrize(
+    "page",
+    ["authors.md", "conformance.md", "configuration.md", "layers.md", "sglang.md", "vllm.md"],
+)
+def test_home_page_paths_link(page: str) -> None:
+    """The three paths (backend author, operator, serving with an engine) link their pages."""
+    assert page in {target for target, _ in home_links()}
+
+
 def test_every_toctree_entry_is_a_page() -> None:
     known = {docname(p) for p in pages()}
     missing = {
