@@ -15,6 +15,7 @@ from .bench import bench_command
 from .check import check_command
 from .engine import engine_group
 from .kernels import kernels_group
+from .launch import sglang_args_command, vllm_args_command
 from .matrix import matrix_command
 
 __all__ = ["main"]
@@ -87,3 +88,5 @@ main.add_command(check_command)
 engine_group.add_command(matrix_command)
 main.add_command(engine_group)
 main.add_command(kernels_group)
+main.add_command(sglang_args_command)
+main.add_command(vllm_args_command)
