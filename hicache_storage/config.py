@@ -24,7 +24,7 @@ from .errors import ConfigError
 from .keys import KeyScheme, KeySchemeError, RankSuffixScheme, UnifiedPlan, plan_unified
 from .kit.options import MAX_TIMEOUT_S, check_count, check_seconds
 from .redact import redact_text, redacted_repr, secrets_in
-from .registry import registered_backends
+from .registry import PLUGINS_ENV, registered_backends
 
 __all__ = [
     "BUILT_IN_LAYERS",
@@ -49,8 +49,9 @@ __all__ = [
 ]
 
 ENV_PREFIX = "HICACHE_"
-RESERVED_ENV = frozenset({"HICACHE_CONFIG", "HICACHE_SERVICES"})
-"""``HICACHE_*`` names that are not config overrides: the config source and the test services."""
+RESERVED_ENV = frozenset({"HICACHE_CONFIG", "HICACHE_SERVICES", PLUGINS_ENV})
+"""``HICACHE_*`` names that are not config overrides: the config source, the test services and
+the plugin modules to load (:data:`~hicache_storage.registry.PLUGINS_ENV`)."""
 
 OPERATIONS = (
     "get",

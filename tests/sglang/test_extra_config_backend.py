@@ -1,6 +1,8 @@
-"""The SGLang adapter's extra config must name its backend, and its config shows no secret."""
+"""The SGLang adapter's extra config must name its backend (a plugin's too), showing no secret."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -8,6 +10,7 @@ from hicache_storage.errors import ConfigError
 from hicache_storage.integrations.sglang import config_from
 from hicache_storage.registry import registered_backends
 
+from ..env_plugin import BACKEND, install_env_plugin
 from .helpers import storage_config
 
 
@@ -36,3 +39,10 @@ def test_the_adapters_config_masks_the_backends_secrets() -> None:
     extra = {"backend": "redis", "options": {"url": "redis://u:sglang-url-pass@h:6379/0"}}
     config = config_from(storage_config(extra))
     assert "sglang-url-pass" not in repr(config) and "sglang-url-pass" not in str(config)
+
+
+def test_a_plugin_named_in_hicache_plugins_starts_in_sglang(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    install_env_plugin(tmp_path, monkeypatch)
+    assert config_from(storage_config({"backend": BACKEND})).backend == BACKEND
