@@ -10,6 +10,7 @@ keys and wrong types raise :class:`~hicache_storage.errors.ConfigError` naming t
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import msgspec
+import msgspec.inspect
 
 from .errors import ConfigError
 from .keys import KeyScheme, KeySchemeError, RankSuffixScheme, UnifiedPlan, plan_unified
@@ -541,8 +543,69 @@ def convert(data: Mapping[str, Any], type_: type[T], what: str) -> T:
     try:
         return msgspec.convert(data, type_)
     except msgspec.ValidationError as exc:
-        message = redact_text(f"invalid {what}: {exc}", secrets_in(data))
+        message = redact_text(
+            f"invalid {what}: {exc}{_suggest_field(str(exc), type_)}", secrets_in(data)
+        )
         raise ConfigError(message) from None
+
+
+_UNKNOWN_FIELD = re.compile(
+    r"^Object contains unknown field `(?P<field>[^`]*)`(?: - at `(?P<path>.*)`)?$"
+)
+_PATH_PART = re.compile(r"\.([^.\[]+)|\[[^\]]*\]")
+_SEQUENCES = (msgspec.inspect.ListType, msgspec.inspect.VarTupleType, msgspec.inspect.SetType)
+
+
+def _struct_at(type_: Any, path: str) -> msgspec.inspect.StructType | None:
+    """Return the Struct that msgspec's error ``path`` (``$.a.b[...]``) points into, if any."""
+    try:
+        node: msgspec.inspect.Type = msgspec.inspect.type_info(type_)
+    except (TypeError, ValueError):
+        return None
+    rest = path.removeprefix("$")
+    while True:
+        if isinstance(node, msgspec.inspect.UnionType):
+            structs = [t for t in node.types if isinstance(t, msgspec.inspect.StructType)]
+            containers = [
+                t for t in node.types if isinstance(t, (msgspec.inspect.DictType, *_SEQUENCES))
+            ]
+            candidates = structs if rest.startswith(".") or not rest else containers
+            if len(candidates) != 1:
+                return None
+            node = candidates[0]
+            continue
+        if not rest:
+            return node if isinstance(node, msgspec.inspect.StructType) else None
+        part = _PATH_PART.match(rest)
+        if part is None:
+            return None
+        rest = rest[part.end() :]
+        key = part.group(1)
+        if key is not None and isinstance(node, msgspec.inspect.StructType):
+            fields = [f.type for f in node.fields if f.encode_name == key]
+            if not fields:
+                return None
+            node = fields[0]
+        elif key is None and isinstance(node, msgspec.inspect.DictType):
+            node = node.value_type
+        elif key is None and isinstance(node, _SEQUENCES):
+            node = node.item_type
+        else:
+            return None
+
+
+def _suggest_field(error: str, type_: Any) -> str:
+    """Name the closest valid field and list all, for an unknown-field ``error``; else ``""``."""
+    unknown = _UNKNOWN_FIELD.match(error)
+    if unknown is None:
+        return ""
+    struct = _struct_at(type_, unknown.group("path") or "$")
+    if struct is None:
+        return ""
+    names = [field.encode_name for field in struct.fields]
+    close = difflib.get_close_matches(unknown.group("field"), names, n=1)
+    guess = f"; did you mean `{close[0]}`?" if close else ";"
+    return f"{guess} valid fields: {', '.join(names) or 'none'}"
 
 
 def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ A plugin that fails to load is skipped with a :class:`PluginLoadWarning` and lis
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -312,7 +313,8 @@ def get_spec(name: str) -> BackendSpec:
     Raises
     ------
     UnknownBackendError
-        If no backend has that name; the message lists the registered ones.
+        If no backend has that name; the message lists the registered ones and names the
+        closest of them, if one is close.
     """
     specs = _REGISTRY.specs()
     try:
@@ -322,9 +324,11 @@ def get_spec(name: str) -> BackendSpec:
         broken = "".join(
             f"; plugin {found.name!r} failed to load: {found.error}" for found in _REGISTRY.broken()
         )
+        close = difflib.get_close_matches(name, specs, n=1)
+        guess = f" (did you mean {close[0]!r}?)" if close else ""
         raise UnknownBackendError(
             f"no backend named {name!r} is registered (registered: {known}); install the "
-            f"package that provides it or check the spelling{broken}"
+            f"package that provides it or check the spelling{guess}{broken}"
         ) from None
 
 
