@@ -284,6 +284,22 @@ class _ProgressReader:
             self.callback(msgspec.json.decode(line, type=ProgressEvent))
 
 
+def _child_env() -> dict[str, str]:
+    """Return this process's environment with ``PYTHONPATH``'s entries made absolute.
+
+    The suite runs in a temporary directory: a relative entry (the guide's ``PYTHONPATH=.``,
+    or an empty one, which means the working directory) would otherwise point there, not at the
+    caller's module.
+    """
+    env = dict(os.environ)
+    entries = env.get("PYTHONPATH")
+    if entries is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            os.path.abspath(entry or os.curdir) for entry in entries.split(os.pathsep)
+        )
+    return env
+
+
 def run_suite(
     name: str,
     config_source: Any,
@@ -294,6 +310,9 @@ def run_suite(
     progress: Callable[[ProgressEvent], None] | None = None,
 ) -> int:
     """Run the conformance suite against backend ``name`` in a subprocess; return its exit code.
+
+    The subprocess runs in a temporary directory; relative ``PYTHONPATH`` entries are resolved
+    against the caller's working directory first, so a plugin found here is found there too.
 
     Parameters
     ----------
@@ -337,7 +356,9 @@ def run_suite(
             "--rootdir",
             workdir,
         ]
-        if config and not config.startswith("@"):
+        if config.startswith("@"):
+            config = f"@{os.path.abspath(config[1:])}"  # the suite's working directory differs
+        elif config:
             # Through a private file, not argv: argv is visible to every user of the machine.
             path = Path(workdir) / "config.json"
             _write_private(path, config.encode("utf-8"))
@@ -352,7 +373,7 @@ def run_suite(
         streams: dict[str, Any] = {}
         if output is not None:
             streams = {"stdout": output, "stderr": subprocess.STDOUT}
-        with subprocess.Popen(command, cwd=workdir, **streams) as suite:
+        with subprocess.Popen(command, cwd=workdir, env=_child_env(), **streams) as suite:
             try:
                 while reader is not None:
                     try:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from pathlib import Path
 
 import pytest
 
-from hicache_storage.conformance.report import load_report, run_suite
+from hicache_storage.conformance.report import _child_env, load_report, run_suite
 from hicache_storage.registry import PLUGINS_ENV
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "authors.md"
@@ -21,11 +23,28 @@ def _module() -> str:
 
 
 def test_guide_backend_passes_the_suite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # As the guide runs it: `HICACHE_PLUGINS=dirkv PYTHONPATH=. hicache check dirkv`, from the
+    # directory that holds dirkv.py (the suite itself runs in a temporary directory).
     (tmp_path / "dirkv.py").write_text(_module())
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", ".")
     monkeypatch.setenv(PLUGINS_ENV, "dirkv")
     status = run_suite("dirkv", {"root": str(tmp_path / "root")}, tmp_path / "report")
     report = load_report(tmp_path / "report")
     failed = {row.id: row.message for row in report.failures()}
     assert status == 0 and not failed, f"the guide's backend fails the suite: {failed}"
     assert report.backend == "dirkv"
+
+
+def test_relative_paths_of_the_caller_reach_the_suite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The suite's process runs in a temporary directory; `--config @opts.json` and an empty
+    # PYTHONPATH entry (the working directory) are the caller's. `-k` selects no check: exit 5
+    # means pytest started with the config read (an unreadable one is a usage error, 4).
+    (tmp_path / "opts.json").write_text(json.dumps({"root": str(tmp_path / "root")}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["", "."]))
+    assert _child_env()["PYTHONPATH"] == os.pathsep.join([os.getcwd()] * 2)
+    status = run_suite("file", "@opts.json", tmp_path / "report", ["-k", "no_such_check"])
+    assert status == 5
