@@ -174,7 +174,7 @@ def test_an_engine_report_that_cannot_be_written_keeps_the_table(
     monkeypatch.setattr(engine_check, "check_engine", _fake_engine_check)
     report = tmp_path / "report"
     (report / "engine.json").mkdir(parents=True)
-    result = invoke("check", "memory", "--engine", "--report", str(report))
+    result = invoke("check", "memory", "--engine", "--verbose", "--report", str(report))
     assert "engine.json" in one_error_line(result)
     assert "hicache check memory --engine" in result.stdout and "case" in result.stdout
 

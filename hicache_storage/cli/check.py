@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import click
@@ -17,15 +19,17 @@ import msgspec
 from ..config import read_source
 from ..errors import ConfigError, HiCacheError
 from ..redact import redact_text, secrets_in
-from .options import backend_options, report_directory
+from .options import backend_options, report_directory, writable_file
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.table import Table
 
     from ..conformance.engine import EngineCheck, EngineReport
     from ..conformance.report import ProgressEvent, Report
+    from .junit import Case
 
-__all__ = ["check_command", "render", "render_engine"]
+__all__ = ["check_command", "render", "render_engine", "skip_summary"]
 
 DEFAULT_BACKEND = "file"
 
@@ -108,26 +112,90 @@ def _tail(path: str, lines: int = 15) -> str:
         return ""
 
 
-def render(report: Report, console: Console) -> None:
-    """Print ``report`` as a table of checks and a one-line summary."""
+def _name_widths(names: list[str], console: Console, fixed: int) -> tuple[int, int]:
+    """Return the widths of a table's name and reason columns: whole names, if the reason keeps 24.
+
+    ``fixed`` is what the table's other columns take, borders included. Both widths are set, as
+    rich shrinks every column of a table too wide for the console, and draws one wider than the
+    console when a column has a ``min_width``.
+    """
+    room = max(console.width - fixed, 10)
+    longest = max((len(n) for n in names), default=5)
+    name = max(min(longest, max(room - 24, room // 2)), 5)
+    return name, max(room - name, 5)
+
+
+def _failure_table(title: str, rows: Sequence[tuple[str, str, str]], console: Console) -> Table:
+    """Return a table of ``(name, outcome, reason)`` rows: the checks that failed or errored."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title, title_justify="left")
+    # Borders and padding (10) and the outcome column (7).
+    name_width, reason_width = _name_widths([row[0] for row in rows], console, 17)
+    table.add_column("check", overflow="fold", width=name_width)
+    table.add_column("outcome", no_wrap=True)
+    table.add_column("reason", overflow="fold", width=reason_width)
+    for name, outcome, reason in rows:
+        table.add_row(Text(name), Text(outcome, style=_STYLES.get(outcome, "")), Text(reason))
+    return table
+
+
+_NOT_CLAIMED = re.compile(r"^backend does not claim capability '([^']+)'$")
+"""The skip reason of a check gated on a capability (``fixtures.hicache_capability_gate``)."""
+
+
+def _checks(count: int) -> str:
+    return f"{count} check{'' if count == 1 else 's'}"
+
+
+def skip_summary(report: Report) -> list[str]:
+    """Return one line per reason the checks of ``report`` skipped, most checks first.
+
+    Skips for a capability the backend does not claim are expected and share one last line,
+    ``N checks skipped: the backend does not claim X, Y``; any other reason (a hook the backend
+    does not provide, an option it does not declare) gets its own line naming the check, or the
+    classes of the checks when several share it.
+    """
+    unclaimed: Counter[str] = Counter()
+    others: dict[str, list[str]] = {}
+    for row in report.checks:
+        if row.outcome != "skipped":
+            continue
+        reason = row.skip_reason or "no reason given"
+        match = _NOT_CLAIMED.match(reason)
+        if match and match.group(1) not in report.capabilities:
+            unclaimed[match.group(1)] += 1
+        else:
+            others.setdefault(reason, []).append(row.id)
+    lines = []
+    for reason, ids in sorted(others.items(), key=lambda item: -len(item[1])):
+        if len(ids) == 1:
+            where = ids[0]
+        else:
+            classes = list(dict.fromkeys(check.rpartition("::")[0] or check for check in ids))
+            where = ", ".join(classes[:3]) + (", ..." if len(classes) > 3 else "")
+        lines.append(f"{_checks(len(ids))} skipped ({where}): {reason}")
+    if unclaimed:
+        names = ", ".join(name for name, _ in unclaimed.most_common())
+        lines.append(
+            f"{_checks(sum(unclaimed.values()))} skipped: the backend does not claim {names}"
+        )
+    return lines
+
+
+def render(report: Report, console: Console, *, verbose: bool = False) -> None:
+    """Print ``report``: a summary line, the failures and the skips that matter.
+
+    The summary line says PASS or FAIL, the counts, the time and what the backend claims; a
+    table of the checks that failed or errored follows, then :func:`skip_summary`. With
+    ``verbose``, a table of every check comes first and the summary line last instead.
+    """
     from rich.table import Table
     from rich.text import Text
 
     from ..conformance.report import summarize
 
-    table = Table(title=f"hicache check {report.backend}")
-    table.add_column("check", overflow="fold")
-    table.add_column("outcome", no_wrap=True)
-    table.add_column("ms", justify="right", no_wrap=True)
-    table.add_column("skip reason / failure", overflow="fold")
-    for row in report.checks:
-        table.add_row(
-            Text(row.id),
-            Text(row.outcome, style=_STYLES.get(row.outcome, "")),
-            f"{row.duration_s * 1000:,.0f}",
-            Text(row.skip_reason or row.message or ""),
-        )
-    console.print(table)
     caps = ", ".join(report.capabilities) or "none"
     if report.capabilities_error:
         caps = f"unknown ({report.capabilities_error})"
@@ -139,16 +207,72 @@ def render(report: Report, console: Console) -> None:
         f" {report.backend} {report.version}: {summarize(report.totals)} in "
         f"{report.duration_s:.1f} s; claims: {caps}",
     )
+    if not verbose:
+        console.print(summary, highlight=False)
+        failures = [(row.id, row.outcome, row.message or "") for row in report.failures()]
+        if failures:
+            console.print(_failure_table("failed checks", failures, console))
+        for line in skip_summary(report):
+            console.print(Text(line, style="yellow"), highlight=False)
+        console.print(
+            Text(f"--verbose lists all {_checks(len(report.checks))}.", style="dim"),
+            highlight=False,
+        )
+        return
+    table = Table(title=f"hicache check {report.backend}")
+    ids = [row.id for row in report.checks]
+    # Borders and padding (13), the outcome column (7) and the milliseconds (up to 7).
+    name, reason = _name_widths(ids, console, 27)
+    table.add_column("check", overflow="fold", width=name)
+    table.add_column("outcome", no_wrap=True)
+    table.add_column("ms", justify="right", no_wrap=True, width=7)
+    table.add_column("skip reason / failure", overflow="fold", width=reason)
+    for row in report.checks:
+        table.add_row(
+            Text(row.id),
+            Text(row.outcome, style=_STYLES.get(row.outcome, "")),
+            f"{row.duration_s * 1000:,.0f}",
+            Text(row.skip_reason or row.message or ""),
+        )
+    console.print(table)
     console.print(summary, highlight=False)
 
 
-def render_engine(report: EngineReport, console: Console) -> None:
-    """Print an engine check's ``report`` as a table of cases and a one-line summary."""
+def render_engine(report: EngineReport, console: Console, *, verbose: bool = False) -> None:
+    """Print an engine check's ``report``: a summary line, the failures and the skipped cases.
+
+    With ``verbose``, a table of every case (with the tokens hit per tier and the pages moved)
+    comes first and the summary line last instead.
+    """
     from rich.table import Table
     from rich.text import Text
 
     from ..conformance.report import summarize
 
+    totals = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+    for row in report.checks:
+        totals[row.outcome] += 1
+    verdict = (
+        Text("FAIL", style="bold red") if not report.passed else Text("PASS", style="bold green")
+    )
+    summary = Text.assemble(
+        verdict,
+        f" {report.backend} engine check: {summarize(totals)} in {report.duration_s:.1f} s; "
+        "every answer compared token for token with recompute",
+    )
+    if not verbose:
+        console.print(summary, highlight=False)
+        failures = [(row.name, row.outcome, row.message or "") for row in report.failures()]
+        if failures:
+            console.print(_failure_table("failed cases", failures, console))
+        for row in report.checks:
+            if row.outcome == "skipped":
+                line = f"skipped {row.name}: {row.message or 'no reason given'}"
+                console.print(Text(line, style="yellow"), highlight=False)
+        console.print(
+            Text(f"--verbose lists all {len(report.checks)} cases.", style="dim"), highlight=False
+        )
+        return
     table = Table(title=f"hicache check {report.backend} --engine")
     table.add_column("case", overflow="fold")
     table.add_column("outcome", no_wrap=True)
@@ -171,17 +295,6 @@ def render_engine(report: EngineReport, console: Console) -> None:
             Text(row.message or ""),
         )
     console.print(table)
-    totals = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
-    for row in report.checks:
-        totals[row.outcome] += 1
-    verdict = (
-        Text("FAIL", style="bold red") if not report.passed else Text("PASS", style="bold green")
-    )
-    summary = Text.assemble(
-        verdict,
-        f" {report.backend} engine check: {summarize(totals)} in {report.duration_s:.1f} s; "
-        "every answer compared token for token with recompute",
-    )
     console.print(summary, highlight=False)
 
 
@@ -236,6 +349,23 @@ def _check_engine(
                 return check_engine(factory, server_control=control, progress=progress)
 
 
+def _write_junit(
+    path: str,
+    suite: str,
+    cases: list[Case],
+    duration_s: float,
+    properties: dict[str, str] | None = None,
+) -> None:
+    """Write the JUnit file, or say in one line why not and exit 2 (the output above stands)."""
+    from .junit import write_junit
+
+    try:
+        write_junit(path, suite, cases, duration_s, properties)
+    except OSError as exc:
+        click.echo(f"error: cannot write {path!r}: {exc.strerror or exc}", err=True)
+        raise SystemExit(2) from None
+
+
 @click.command("check")
 @click.argument("backend", default=DEFAULT_BACKEND)
 @click.option(
@@ -258,15 +388,40 @@ def _check_engine(
         "the backend under every cache policy and fault, each token compared with recompute."
     ),
 )
-def check_command(backend: str, config: str | None, report_dir: str | None, engine: bool) -> None:
-    """Run the conformance suite against BACKEND (default: file) and print one row per check.
+@click.option(
+    "--junit-xml",
+    "junit_xml",
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="Also write JUnit XML to FILE: one testcase per check, for CI systems.",
+)
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="Print a row for every check (or case), not only the failures and notable skips.",
+)
+def check_command(
+    backend: str,
+    config: str | None,
+    report_dir: str | None,
+    engine: bool,
+    junit_xml: str | None,
+    verbose: bool,
+) -> None:
+    """Run the conformance suite against BACKEND (default: file) and summarize the result.
+
+    Prints one line of counts and the time, a table of the checks that failed or errored, and
+    the skips for any reason other than a capability the backend does not claim (those share
+    one line); --verbose prints a row for every check instead. --junit-xml FILE writes one
+    testcase per check, classed by the check's class, for CI systems.
 
     Exits 0 when every check passed or skipped, 1 when one failed or errored, 2 on a usage or
     config error or when the backend cannot be opened at all. Without --config, a backend that
     needs a `root` directory or a `path` runs in a fresh temporary one, removed afterwards. On a
     terminal a progress bar shows the checks done; elsewhere nothing is drawn.
 
-    With --engine, one row per case of the engine check instead: a tiny seeded model answers
+    With --engine, the cases of the engine check instead: a tiny seeded model answers
     multi-turn conversations through a KV cache whose pages are evicted to the backend and read
     back, and every answer must equal recomputing it. A server control that a plugin provides
     for the backend adds the case that stops its server mid-run.
@@ -274,13 +429,20 @@ def check_command(backend: str, config: str | None, report_dir: str | None, engi
     from rich.console import Console
 
     from ..conformance.report import load_report, open_private, run_suite
+    from .junit import engine_cases, suite_cases
 
     console = Console()
     if report_dir is not None:
         report_directory(report_dir)
+    if junit_xml is not None:
+        writable_file(junit_xml, "--junit-xml")
     if engine:
         engine_report = _check_engine(backend, config, report_dir, console)
-        render_engine(engine_report, console)
+        render_engine(engine_report, console, verbose=verbose)
+        if junit_xml is not None:
+            suite = f"hicache check {backend} --engine"
+            cases = engine_cases(engine_report)
+            _write_junit(junit_xml, suite, cases, engine_report.duration_s)
         if report_dir is not None:
             path = os.path.join(report_dir, "engine.json")
             try:
@@ -314,7 +476,12 @@ def check_command(backend: str, config: str | None, report_dir: str | None, engi
             raise ConfigError(
                 f"the conformance run of {backend!r} wrote no report (pytest exit status {status})"
             ) from exc
-    render(report, console)
+    render(report, console, verbose=verbose)
+    if junit_xml is not None:
+        properties = {"backend": report.backend, "version": report.version}
+        properties["capabilities"] = ", ".join(report.capabilities)
+        cases = suite_cases(report)
+        _write_junit(junit_xml, f"hicache check {backend}", cases, report.duration_s, properties)
     if report_dir is not None:
         click.echo(f"report: {report_dir}/report.json, report.md; pytest output: {log}")
     if report.failures() or status != 0:
