@@ -1,10 +1,11 @@
 """Typed configuration: deployment facts, layer settings and each backend's own options.
 
-A config comes from a mapping, a JSON string, a JSON file (``"@path"``) or a msgspec Struct, and
-environment variables override it: ``HICACHE_BACKEND=file``, ``HICACHE_DEPLOYMENT__TP_RANK=1``,
-``HICACHE_OPTIONS__ROOT=/data/kv``, ``HICACHE_LAYERS__FAULTS__DEFAULT__FAILURE_RATE=0.1``
-(``__`` descends one level; values are read as JSON when they parse, else as strings). Unknown
-keys and wrong types raise :class:`~hicache_storage.errors.ConfigError` naming the offending path.
+A config comes from a mapping, a JSON string, a file (``"@path"``: JSON, or YAML or TOML by its
+suffix) or a msgspec Struct, and environment variables override it: ``HICACHE_BACKEND=file``,
+``HICACHE_DEPLOYMENT__TP_RANK=1``, ``HICACHE_OPTIONS__ROOT=/data/kv``,
+``HICACHE_LAYERS__FAULTS__DEFAULT__FAILURE_RATE=0.1`` (``__`` descends one level; values are read
+as JSON when they parse, else as strings). Unknown keys and wrong types raise
+:class:`~hicache_storage.errors.ConfigError` naming the offending path.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 import msgspec.inspect
+import msgspec.toml
+import msgspec.yaml
 
 from .errors import ConfigError
 from .keys import KeyScheme, KeySchemeError, RankSuffixScheme, UnifiedPlan, plan_unified
@@ -431,25 +434,29 @@ def check_duration(
 def read_source(source: Any) -> dict[str, Any]:
     """Read a config source into a plain mapping.
 
-    A file is UTF-8 (a byte-order mark allowed), or UTF-16 or UTF-32 as some editors save it;
-    ``json.detect_encoding`` tells them apart.
+    A file (``"@path"`` or a :class:`~pathlib.Path`) is read by its suffix: ``.yaml`` or
+    ``.yml`` as YAML (safe loading; needs PyYAML, ``pip install pyyaml``), ``.toml`` as TOML (the
+    standard library's ``tomllib``, or ``tomli`` before Python 3.11), anything else as JSON. A
+    file is UTF-8 (a byte-order mark allowed), or UTF-16 or UTF-32 as some editors save it;
+    ``json.detect_encoding`` tells them apart. An empty YAML file is an empty config.
 
     Raises
     ------
     ConfigError
-        If the JSON is malformed, nested deeper than :data:`MAX_DEPTH` or holds an integer
-        wider than :data:`MAX_INT_BITS` bits, the file is missing or not text, or the top
-        level is not an object.
+        If the JSON, YAML or TOML is malformed, nested deeper than :data:`MAX_DEPTH` or holds an
+        integer wider than :data:`MAX_INT_BITS` bits, the file is missing or not text, the
+        library a YAML or TOML file needs is not installed, or the top level is not an object.
     """
     if source is None:
         return {}
+    kind = "JSON object"
     if isinstance(source, msgspec.Struct):
         data: Any = msgspec.to_builtins(source)
     elif isinstance(source, Mapping):
         data = dict(source)
     elif isinstance(source, Path) or (isinstance(source, str) and source.startswith("@")):
         path = Path(source[1:] if isinstance(source, str) else source)
-        data = _parse_json(_read_text(path), f"config file {str(path)!r}")
+        data, kind = _parse_file(path)
     elif isinstance(source, str):
         data = _parse_json(source, "config JSON") if source.strip() else {}
     else:
@@ -457,9 +464,89 @@ def read_source(source: Any) -> dict[str, Any]:
             f"a config must be a mapping, a JSON string or '@path', not {type(source).__name__}"
         )
     if not isinstance(data, dict):
-        raise ConfigError(f"a config must be a JSON object, got {type(data).__name__}")
+        raise ConfigError(f"a config must be a {kind}, got {type(data).__name__}")
     _check_shape(data, "a config")
     return data
+
+
+_YAML_SUFFIXES = (".yaml", ".yml")
+"""Suffixes of config files read as YAML; ``.toml`` is TOML and any other suffix JSON."""
+
+_MAX_YAML_VALUES = 100_000
+"""Most values a YAML config may expand to: aliases (``*name``) can repeat a subtree so often that
+a small file stands for billions of values; real configs hold a few hundred."""
+
+
+def _parse_file(path: Path) -> tuple[Any, str]:
+    """Return the content of config file ``path``, parsed by its suffix, and what its top is."""
+    what = f"config file {str(path)!r}"
+    suffix = path.suffix.lower()
+    if suffix in _YAML_SUFFIXES:
+        return _parse_yaml(_read_text(path), what), "YAML mapping"
+    if suffix == ".toml":
+        return _parse_toml(_read_text(path), what), "TOML table"
+    return _parse_json(_read_text(path), what), "JSON object"
+
+
+def _parse_yaml(text: str, what: str) -> Any:
+    """Return YAML ``text`` safely loaded (PyYAML's safe loader): plain data, no Python objects."""
+    try:
+        data = msgspec.yaml.decode(text)
+    except ImportError:
+        raise ConfigError(
+            f"{what} is YAML, which needs PyYAML; run: pip install pyyaml "
+            "(or write the config as JSON or TOML)"
+        ) from None
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{what} is not valid YAML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{what} is nested deeper than {MAX_DEPTH} levels") from None
+    if data is None:  # empty, or only comments
+        return {}
+    _check_yaml_values(data, what)
+    return data
+
+
+def _check_yaml_values(data: Any, what: str) -> None:
+    """Refuse YAML that expands to more than ``_MAX_YAML_VALUES`` values or has non-text keys.
+
+    Depth is bounded before the count runs out, so the walk's stack stays small.
+    """
+    stack: list[tuple[Any, str, int]] = [(data, "", 1)]
+    count = 0
+    while stack:
+        value, path, depth = stack.pop()
+        count += 1
+        if count > _MAX_YAML_VALUES:
+            raise ConfigError(
+                f"{what} expands to more than {_MAX_YAML_VALUES} values (aliases repeating a "
+                "subtree?)"
+            )
+        if depth > MAX_DEPTH + 1:
+            raise ConfigError(f"{what} is nested deeper than {MAX_DEPTH} levels")
+        if isinstance(value, dict):
+            for key, child in value.items():
+                if not isinstance(key, str):
+                    where = f" under {path.lstrip('.')}" if path else ""
+                    raise ConfigError(
+                        f"{what} has the key {key!r}{where}, which is not text; quote it"
+                    )
+                stack.append((child, f"{path}.{key}", depth + 1))
+        elif isinstance(value, list):
+            stack.extend((child, f"{path}[{i}]", depth + 1) for i, child in enumerate(value))
+
+
+def _parse_toml(text: str, what: str) -> Any:
+    """Return TOML ``text`` parsed by ``tomllib`` (Python 3.11) or ``tomli``."""
+    try:
+        return msgspec.toml.decode(text)
+    except ImportError:
+        raise ConfigError(
+            f"{what} is TOML, which needs Python 3.11 or tomli; run: pip install tomli "
+            "(or write the config as JSON)"
+        ) from None
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{what} is not valid TOML: {exc}") from None
 
 
 def _read_text(path: Path) -> str:
@@ -667,7 +754,8 @@ def require_backend(
 def load_config(source: Any = None, *, env: Mapping[str, str] | None = None) -> HiCacheConfig:
     """Build a :class:`HiCacheConfig` from ``source`` overridden by the environment.
 
-    ``source`` defaults to ``$HICACHE_CONFIG`` (JSON or ``@path``) when that is set.
+    ``source`` defaults to ``$HICACHE_CONFIG`` (JSON, or ``@path`` to a JSON, YAML or TOML file)
+    when that is set.
 
     Raises
     ------
