@@ -9,7 +9,7 @@ import msgspec
 
 from ..bench.backend import BenchReport, OpStats, parse_sizes, run_bench
 from ..bench.report import format_size
-from .options import backend_options
+from .options import CONFIG_HELP, backend_options, resolve_backend
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -91,7 +91,7 @@ def render(report: BenchReport, console: Console) -> None:
 @click.option(
     "--config",
     metavar="JSON|@FILE",
-    help="The backend's options as JSON, or @path to a JSON file.",
+    help=CONFIG_HELP,
 )
 @click.option(
     "--page-size",
@@ -130,6 +130,10 @@ def bench_command(
 ) -> None:
     """Benchmark BACKEND against its raw baseline (set/exists/get vs plain write/read).
 
+    BACKEND is a backend's name or a URL naming one and some of its options, as for
+    `hicache check`: redis://..., rediss://..., s3://BUCKET[/PREFIX], file:///PATH; keys given
+    with --config win over the URL's.
+
     Every value read back is checked byte for byte; wrong bytes abort the run. Without
     --config, a backend that needs a `root` directory or a `path` runs in a fresh temporary one,
     removed afterwards (as with `hicache check`).
@@ -138,6 +142,7 @@ def bench_command(
     """
     from rich.console import Console
 
+    backend, config = resolve_backend(backend, config)
     sizes = parse_sizes(page_size)
     err = Console(stderr=True)
     with (

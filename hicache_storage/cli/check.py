@@ -19,7 +19,13 @@ import msgspec
 from ..config import read_source
 from ..errors import ConfigError, HiCacheError
 from ..redact import redact_text, secrets_in
-from .options import backend_options, report_directory, writable_file
+from .options import (
+    CONFIG_HELP,
+    backend_options,
+    report_directory,
+    resolve_backend,
+    writable_file,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -371,7 +377,7 @@ def _write_junit(
 @click.option(
     "--config",
     metavar="JSON|@FILE",
-    help="The backend's options as JSON, or @path to a JSON file.",
+    help=CONFIG_HELP,
 )
 @click.option(
     "--report",
@@ -411,6 +417,11 @@ def check_command(
 ) -> None:
     """Run the conformance suite against BACKEND (default: file) and summarize the result.
 
+    BACKEND is a backend's name or a URL naming one and some of its options:
+    redis://[user:password@]host[:port][/db] and rediss://... (redis; the URL is its `url`),
+    s3://BUCKET[/PREFIX] (s3; the endpoint from --config `endpoint_url` or AWS_ENDPOINT_URL),
+    file:///PATH (file; its `root`). Keys given with --config win over the URL's.
+
     Prints one line of counts and the time, a table of the checks that failed or errored, and
     the skips for any reason other than a capability the backend does not claim (those share
     one line); --verbose prints a row for every check instead. --junit-xml FILE writes one
@@ -432,6 +443,7 @@ def check_command(
     from .junit import engine_cases, suite_cases
 
     console = Console()
+    backend, config = resolve_backend(backend, config)
     if report_dir is not None:
         report_directory(report_dir)
     if junit_xml is not None:

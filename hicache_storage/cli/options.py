@@ -1,7 +1,8 @@
 """Inputs and outputs of ``hicache check`` and ``hicache bench``, checked before any work runs.
 
-Backend options are validated, and scratch by default; output files and report directories
-are tried for writing up front, so a mistake exits 2 at once instead of after a long run.
+A backend is a name or a URL (:mod:`hicache_storage.urls`); backend options are validated, and
+scratch by default; output files and report directories are tried for writing up front, so a
+mistake exits 2 at once instead of after a long run.
 """
 
 from __future__ import annotations
@@ -17,8 +18,41 @@ import msgspec
 from ..config import convert, read_source
 from ..errors import ConfigError
 from ..registry import get_spec
+from ..urls import is_url, parse_backend_url
 
-__all__ = ["backend_options", "report_directory", "writable_file"]
+__all__ = [
+    "CONFIG_HELP",
+    "backend_options",
+    "report_directory",
+    "resolve_backend",
+    "writable_file",
+]
+
+CONFIG_HELP = (
+    "The backend's options as JSON, or @path to a JSON, YAML (.yaml/.yml) or TOML (.toml) file. "
+    "With a BACKEND URL, these keys win over the options the URL gives."
+)
+"""The help of ``--config`` for ``hicache check`` and ``hicache bench``."""
+
+
+def resolve_backend(backend: str, config: str | None) -> tuple[str, str | None]:
+    """Return the backend name and the config source that BACKEND and ``--config`` mean.
+
+    A name comes back as given, with ``config``. A URL (``redis://...``, see
+    :func:`~hicache_storage.urls.parse_backend_url`) gives its backend's name and one JSON
+    source: the URL's options updated with the keys of ``config``, whose keys win.
+
+    Raises
+    ------
+    ConfigError
+        If no backend claims the URL's scheme, the URL does not read as its scheme requires, or
+        ``config`` cannot be read.
+    """
+    if not is_url(backend):
+        return backend, config
+    name, options = parse_backend_url(backend)
+    options.update(read_source(config))
+    return name, msgspec.json.encode(options).decode()
 
 
 @contextlib.contextmanager
