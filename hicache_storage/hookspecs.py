@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from .backend import StorageBackend
     from .kit.services import ServerControl
     from .registry import BackendSpec
+    from .urls import UrlScheme
 
 __all__ = ["PROJECT", "hookimpl", "hookspec"]
 
@@ -28,6 +29,16 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 @hookspec
 def hicache_backends() -> list[BackendSpec]:  # type: ignore[empty-body]
     """Return the backends this plugin provides."""
+
+
+@hookspec
+def hicache_url_schemes() -> list[UrlScheme]:  # type: ignore[empty-body]
+    """Return the URL schemes this plugin's backends claim (``redis://``, ``s3://``, ...).
+
+    ``hicache check URL`` and ``hicache bench URL`` pick a backend by the URL's scheme and take
+    options from the rest (:class:`~hicache_storage.urls.UrlScheme`). A scheme a built-in
+    backend claims, or an earlier plugin took, is not replaced.
+    """
 
 
 @hookspec

@@ -12,8 +12,9 @@ scheme             backend   options
 ``file://``        file      ``root``: the path (``file:///data/kv``, three slashes)
 =================  ========  ==============================================================
 
-A plugin claims schemes of its own by implementing the :func:`hicache_url_schemes` hook, which
-this module adds to the plugin manager the first time a URL is resolved::
+Each backend's plugin module claims its schemes through the
+:func:`~hicache_storage.hookspecs.hicache_url_schemes` hook, built-in backends as third-party
+ones do::
 
     from hicache_storage.registry import hookimpl
     from hicache_storage.urls import UrlScheme
@@ -34,21 +35,16 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sys
-import threading
 import urllib.parse
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-import pluggy
-
 from .errors import ConfigError
-from .hookspecs import hookspec
 from .redact import redact_url
-from .registry import plugin_manager
+from .registry import origin_of, plugin_manager
 
-__all__ = ["BUILT_IN_SCHEMES", "UrlScheme", "is_url", "parse_backend_url", "url_schemes"]
+__all__ = ["UrlScheme", "is_url", "parse_backend_url", "refuse_extras", "url_schemes"]
 
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)://")
 """A URL as a backend argument: a scheme (RFC 3986's alphabet) and ``://``; no name has those."""
@@ -75,96 +71,34 @@ class UrlScheme:
     options: Callable[[str], Mapping[str, Any]]
 
 
-def _refuse_extras(parts: urllib.parse.SplitResult, form: str) -> None:
+def refuse_extras(parts: urllib.parse.SplitResult, form: str) -> None:
+    """Raise :class:`ValueError` if a URL of ``form`` carries a query or a fragment."""
     if parts.query or parts.fragment:
         raise ValueError(f"{form} takes no ?query or #fragment; give other options in the config")
 
 
-def _redis_options(url: str) -> dict[str, Any]:
-    """``redis://`` and ``rediss://``: the URL is the backend's ``url`` option, as written."""
-    return {"url": url}
-
-
-def _s3_options(url: str) -> dict[str, Any]:
-    """``s3://BUCKET[/PREFIX]``: ``bucket`` and, when the path is not empty, ``prefix``."""
-    form = "s3://BUCKET[/PREFIX]"
-    parts = urllib.parse.urlsplit(url)
-    _refuse_extras(parts, form)
-    if "@" in parts.netloc or ":" in parts.netloc:
-        raise ValueError(
-            f"{form} takes no user, password or port: credentials come from the AWS chain, and "
-            "an S3-compatible store's address is the endpoint_url option (or AWS_ENDPOINT_URL)"
-        )
-    if not parts.netloc:
-        raise ValueError(f"{form} needs a bucket")
-    options: dict[str, Any] = {"bucket": parts.netloc}
-    prefix = urllib.parse.unquote(parts.path.lstrip("/"))
-    if prefix:
-        options["prefix"] = prefix
-    return options
-
-
-def _file_options(url: str) -> dict[str, Any]:
-    """``file:///PATH``: the backend's ``root`` directory."""
-    form = "file:///PATH"
-    parts = urllib.parse.urlsplit(url)
-    _refuse_extras(parts, form)
-    if parts.netloc not in ("", "localhost"):
-        raise ValueError(
-            f"{form} names a local directory by its absolute path, after three slashes "
-            f"(file:///{parts.netloc}{parts.path} for /{parts.netloc}{parts.path}); "
-            f"{parts.netloc!r} reads as a host"
-        )
-    if not parts.path:
-        raise ValueError(f"{form} needs a path")
-    return {"root": urllib.parse.unquote(parts.path)}
-
-
-BUILT_IN_SCHEMES: tuple[UrlScheme, ...] = (
-    UrlScheme(scheme="redis", backend="redis", options=_redis_options),
-    UrlScheme(scheme="rediss", backend="redis", options=_redis_options),
-    UrlScheme(scheme="s3", backend="s3", options=_s3_options),
-    UrlScheme(scheme="file", backend="file", options=_file_options),
-)
-"""The schemes of the built-in backends; plugins add theirs through :func:`hicache_url_schemes`."""
-
-
-@hookspec
-def hicache_url_schemes() -> list[UrlScheme]:  # type: ignore[empty-body]
-    """Return the URL schemes this plugin's backends claim (see :class:`UrlScheme`).
-
-    The hook a plugin implements, with :data:`~hicache_storage.registry.hookimpl`, to claim
-    schemes of its own; its specification lives here rather than in
-    :mod:`~hicache_storage.hookspecs` and is added to the plugin manager on first use.
-    """
-
-
-_SPEC_LOCK = threading.Lock()
-
-
-def _manager() -> pluggy.PluginManager:
-    """Return the plugin manager, with the :func:`hicache_url_schemes` hook specified."""
-    manager = plugin_manager()
-    with _SPEC_LOCK:
-        caller = getattr(manager.hook, "hicache_url_schemes", None)
-        if caller is None or not caller.has_spec():
-            manager.add_hookspecs(sys.modules[__name__])
-    return manager
-
-
 def url_schemes() -> Mapping[str, UrlScheme]:
-    """Return every claimed scheme by its lower-cased name: the built-in ones, then plugins'.
+    """Return every claimed scheme by its lower-cased name.
 
-    A scheme already claimed is not replaced by a later claim.
+    Built-in backends claim theirs through the same hook as plugins
+    (:func:`~hicache_storage.hookspecs.hicache_url_schemes`); a scheme naming a built-in backend
+    comes first, then plugins' in the order they were registered, and a scheme already claimed is
+    not replaced.
     """
-    schemes: dict[str, UrlScheme] = {}
-    provided: list[list[UrlScheme]] = [list(BUILT_IN_SCHEMES)]
     # pluggy calls the most recently registered plugin first; earlier plugins come first here.
-    provided += reversed(_manager().hook.hicache_url_schemes())
-    for claims in provided:
-        for claim in claims:
-            schemes.setdefault(claim.scheme.lower(), claim)
+    claims = [
+        claim for batch in reversed(plugin_manager().hook.hicache_url_schemes()) for claim in batch
+    ]
+    builtin = [claim for claim in claims if _builtin(claim.backend)]
+    schemes: dict[str, UrlScheme] = {}
+    for claim in builtin + [claim for claim in claims if not _builtin(claim.backend)]:
+        schemes.setdefault(claim.scheme.lower(), claim)
     return MappingProxyType(schemes)
+
+
+def _builtin(backend: str) -> bool:
+    origin = origin_of(backend)
+    return origin is not None and origin.builtin
 
 
 def is_url(text: str) -> bool:

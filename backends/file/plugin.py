@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+import urllib.parse
+from typing import TYPE_CHECKING, Any
 
 from hicache_storage.registry import BackendSpec, hookimpl
+from hicache_storage.urls import UrlScheme, refuse_extras
 
 from .config import capabilities
 
 if TYPE_CHECKING:
     from hicache_storage.backend import StorageBackend
 
-__all__ = ["SPEC", "hicache_backends", "hicache_conformance_corrupt"]
+__all__ = ["SPEC", "hicache_backends", "hicache_conformance_corrupt", "hicache_url_schemes"]
 
 SPEC = BackendSpec(
     name="file",
@@ -55,3 +57,25 @@ def hicache_conformance_corrupt(backend: StorageBackend, key: str, offset: int) 
     finally:
         os.close(fd)
     return True
+
+
+def _file_options(url: str) -> dict[str, Any]:
+    """``file:///PATH``: the backend's ``root`` directory."""
+    form = "file:///PATH"
+    parts = urllib.parse.urlsplit(url)
+    refuse_extras(parts, form)
+    if parts.netloc not in ("", "localhost"):
+        raise ValueError(
+            f"{form} names a local directory by its absolute path, after three slashes "
+            f"(file:///{parts.netloc}{parts.path} for /{parts.netloc}{parts.path}); "
+            f"{parts.netloc!r} reads as a host"
+        )
+    if not parts.path:
+        raise ValueError(f"{form} needs a path")
+    return {"root": urllib.parse.unquote(parts.path)}
+
+
+@hookimpl
+def hicache_url_schemes() -> list[UrlScheme]:
+    """Claim ``file:///PATH`` for the file backend."""
+    return [UrlScheme(scheme="file", backend="file", options=_file_options)]

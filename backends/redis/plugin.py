@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hicache_storage.registry import BackendSpec, hookimpl
+from hicache_storage.urls import UrlScheme
 
 from .config import capabilities
 
-__all__ = ["SPEC", "hicache_backends"]
+__all__ = ["SPEC", "hicache_backends", "hicache_url_schemes"]
 
 SPEC = BackendSpec(
     name="redis",
@@ -25,3 +28,17 @@ SPEC = BackendSpec(
 def hicache_backends() -> list[BackendSpec]:
     """Provide the Redis backend."""
     return [SPEC]
+
+
+def _redis_options(url: str) -> dict[str, Any]:
+    """``redis://`` and ``rediss://``: the URL is the backend's ``url`` option, as written."""
+    return {"url": url}
+
+
+@hookimpl
+def hicache_url_schemes() -> list[UrlScheme]:
+    """Claim ``redis://`` and ``rediss://`` (TLS) for the redis backend."""
+    return [
+        UrlScheme(scheme="redis", backend="redis", options=_redis_options),
+        UrlScheme(scheme="rediss", backend="redis", options=_redis_options),
+    ]

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import urllib.parse
+from typing import Any
+
 from hicache_storage.registry import BackendSpec, hookimpl
+from hicache_storage.urls import UrlScheme, refuse_extras
 
 from .config import capabilities
 
-__all__ = ["SPEC", "hicache_backends"]
+__all__ = ["SPEC", "hicache_backends", "hicache_url_schemes"]
 
 SPEC = BackendSpec(
     name="s3",
@@ -25,3 +29,28 @@ SPEC = BackendSpec(
 def hicache_backends() -> list[BackendSpec]:
     """Provide the S3 backend."""
     return [SPEC]
+
+
+def _s3_options(url: str) -> dict[str, Any]:
+    """``s3://BUCKET[/PREFIX]``: ``bucket`` and, when the path is not empty, ``prefix``."""
+    form = "s3://BUCKET[/PREFIX]"
+    parts = urllib.parse.urlsplit(url)
+    refuse_extras(parts, form)
+    if "@" in parts.netloc or ":" in parts.netloc:
+        raise ValueError(
+            f"{form} takes no user, password or port: credentials come from the AWS chain, and "
+            "an S3-compatible store's address is the endpoint_url option (or AWS_ENDPOINT_URL)"
+        )
+    if not parts.netloc:
+        raise ValueError(f"{form} needs a bucket")
+    options: dict[str, Any] = {"bucket": parts.netloc}
+    prefix = urllib.parse.unquote(parts.path.lstrip("/"))
+    if prefix:
+        options["prefix"] = prefix
+    return options
+
+
+@hookimpl
+def hicache_url_schemes() -> list[UrlScheme]:
+    """Claim ``s3://BUCKET[/PREFIX]`` for the s3 backend."""
+    return [UrlScheme(scheme="s3", backend="s3", options=_s3_options)]
