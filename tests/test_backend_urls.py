@@ -157,7 +157,6 @@ def test_cli_bench_resolves_a_url_too() -> None:
 
 def test_check_runs_the_backend_a_url_names(tmp_path: Path) -> None:
     """One cheap check of ``file:///...`` merged with a YAML --config, read back from the report."""
-    pytest.importorskip("yaml")
     root = tmp_path / "kv root"
     report = tmp_path / "report"
     config = tmp_path / "extra.yaml"

@@ -56,7 +56,6 @@ def vllm_transfer(line: str) -> dict[str, Any]:
 
 def sglang_config(extra: dict[str, Any]) -> Any:
     """Our config as the SGLang adapter reads it from ``extra`` for a single rank."""
-    pytest.importorskip("sglang")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # SGLang warns at import that some kernels need a GPU
         from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
@@ -142,7 +141,6 @@ def test_vllm_flags_read_back_by_the_tier(backend: str, options: dict[str, Any])
 
 @pytest.mark.parametrize("cpu_worker", [False, True], ids=["gpu", "cpu-worker"])
 def test_vllm_config_is_the_one_the_vllm_tests_serve_with(cpu_worker: bool) -> None:
-    pytest.importorskip("torch")
     from hicache_storage.integrations.vllm import harness
 
     args = ["vllm-args", "file", "--config", '{"root": "/kv"}', "--cpu-bytes", "2GiB", "--json"]

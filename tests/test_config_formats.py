@@ -74,8 +74,6 @@ def files(tmp_path: Path) -> dict[str, Path]:
 
 @pytest.mark.parametrize("kind", ["yaml", "yml", "toml"])
 def test_yaml_and_toml_give_what_json_gives(files: dict[str, Path], kind: str) -> None:
-    if kind in ("yaml", "yml"):
-        pytest.importorskip("yaml")
     expected = read_source(f"@{files['json']}")
     assert expected == OPTIONS
     assert read_source(f"@{files[kind]}") == expected
@@ -142,8 +140,6 @@ def test_toml_without_a_parser_says_how_to_install_one(
     ],
 )
 def test_bad_files_are_config_errors(tmp_path: Path, name: str, text: str, says: str) -> None:
-    if name.endswith(".yaml"):
-        pytest.importorskip("yaml")
     path = tmp_path / name
     path.write_text(text)
     with pytest.raises(ConfigError) as caught:
@@ -152,14 +148,12 @@ def test_bad_files_are_config_errors(tmp_path: Path, name: str, text: str, says:
 
 
 def test_empty_yaml_is_an_empty_config(tmp_path: Path) -> None:
-    pytest.importorskip("yaml")
     path = tmp_path / "empty.yml"
     path.write_text("# nothing here yet\n")
     assert read_source(f"@{path}") == {}
 
 
 def test_yaml_dates_are_refused_by_the_schema(tmp_path: Path) -> None:
-    pytest.importorskip("yaml")
     path = tmp_path / "date.yaml"
     path.write_text("backend: file\ndeployment:\n  model_name: 2024-01-01\n")
     with pytest.raises(ConfigError, match="model_name"):
