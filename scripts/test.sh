@@ -14,7 +14,9 @@ bash scripts/setup-vllm.sh
 bash scripts/typecheck.sh
 bash scripts/docs.sh
 bash scripts/asan.sh  # the native I/O helper, built with AddressSanitizer, under its tests
-.venv/bin/python -m pytest "$@"
+# One worker per core (HICACHE_TEST_WORKERS to change): most of the run is suites in subprocesses
+# and servers, which overlap; a module marked xdist_group stays on one worker.
+.venv/bin/python -m pytest -n "${HICACHE_TEST_WORKERS:-2}" --dist loadgroup "$@"
 # tests/vllm: real vLLM on CPU, in its own venv (the run above leaves that folder out). Engines log
 # a lot, so passed tests' output is not replayed.
 .venv-vllm/bin/python -m pytest tests/vllm -p no:cacheprovider \

@@ -16,6 +16,11 @@ from hicache_storage.registry import origin_of, registered_backends
 
 LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
 
+FEW_CHECKS = "-k 'TestRoundTrip and get_matches or TestPersistence or TestMediumFaults'"
+"""``PYTEST_ADDOPTS`` for a suite run that tests the command around it, not a backend: a few
+checks of each outcome (on memory round trips pass, TestPersistence and TestMediumFaults skip), so
+the run takes seconds. Each built-in backend's whole-suite run is its own test."""
+
 
 def make_pool(kind: str, layout: str, pages: int = 8, page_size: int = 4) -> HostKVPool:
     if kind == "mha":

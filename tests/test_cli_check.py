@@ -18,6 +18,8 @@ from rich.console import Console
 from hicache_storage.cli.check import render
 from hicache_storage.conformance.report import CheckResult, Report
 
+from .helpers import FEW_CHECKS
+
 
 @pytest.fixture
 def example_installed() -> None:
@@ -72,15 +74,13 @@ def test_check_without_arguments_runs_file_in_a_temp_dir(tmp_path: Path) -> None
 
 @needs_example
 def test_check_broken_backend_exits_1(tmp_path: Path) -> None:
-    result = _hicache("check", "example-broken", cwd=tmp_path)
+    result = _hicache("check", "example-broken", cwd=tmp_path, PYTEST_ADDOPTS=FEW_CHECKS)
     assert result.returncode == 1, result.stdout[-4000:] + result.stderr[-2000:]
     assert "FAIL example-broken" in result.stdout
     assert "failed" in result.stdout
 
 
-# A few checks of each kind, so that each run takes seconds: on memory, round trips pass,
-# TestPersistence skips (memory does not claim persistent) and TestMediumFaults skips (no hook).
-FEW = "-k 'TestRoundTrip and get_matches or TestPersistence or TestMediumFaults'"
+FEW = FEW_CHECKS
 
 
 def test_check_prints_a_summary_and_writes_junit(tmp_path: Path) -> None:
@@ -203,11 +203,11 @@ def test_default_output_groups_the_skips() -> None:
 
 def test_check_report_dir_gets_json_and_markdown(tmp_path: Path) -> None:
     report = tmp_path / "report"
-    result = _hicache("check", "memory", "--report", str(report), cwd=tmp_path)
+    result = _hicache("check", "memory", "--report", str(report), cwd=tmp_path, PYTEST_ADDOPTS=FEW)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     data = json.loads((report / "report.json").read_text())
     assert data["backend"] == "memory"
-    assert data["totals"]["failed"] == 0 and data["totals"]["passed"] > 100
+    assert data["totals"]["failed"] == 0 and data["totals"]["passed"] >= 7
     skipped = [c for c in data["checks"] if c["outcome"] == "skipped"]
     assert skipped and all(c["skip_reason"] for c in skipped)
     assert "# Conformance report: `memory`" in (report / "report.md").read_text()

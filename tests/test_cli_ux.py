@@ -48,6 +48,7 @@ from hicache_storage.conformance.report import (
     summarize,
 )
 
+from .helpers import FEW_CHECKS
 from .test_registry import install_broken_plugin
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -271,7 +272,8 @@ def test_check_memory_passes_beside_a_plugin_that_failed_to_import(
     site = tmp_path / "site"
     site.mkdir()
     install_broken_plugin(site, monkeypatch)
-    result = _hicache("check", "memory", cwd=tmp_path, env={"PYTHONPATH": str(site)})
+    env = {"PYTHONPATH": str(site), "PYTEST_ADDOPTS": FEW_CHECKS}
+    result = _hicache("check", "memory", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "warning: skipped hicache-storage plugin 'broken-import'" in result.stderr
     assert "PASS memory" in result.stdout
@@ -428,7 +430,7 @@ def test_check_on_a_terminal_shows_a_progress_bar(tmp_path: Path) -> None:
         stdin=secondary,
         stdout=secondary,
         stderr=secondary,
-        env={**env, "TERM": "xterm-256color"},
+        env={**env, "TERM": "xterm-256color", "PYTEST_ADDOPTS": FEW_CHECKS},
     )
     os.close(secondary)
     chunks: list[bytes] = []
