@@ -64,11 +64,14 @@ class UrlScheme:
         Called with the whole URL; returns the backend options it gives. Raises
         :class:`ValueError` (or :class:`~hicache_storage.errors.ConfigError`) with a message
         saying what is wrong with a URL it cannot read.
+    example
+        A URL of this scheme to show a user who gave a backend no options (``""``: none).
     """
 
     scheme: str
     backend: str
     options: Callable[[str], Mapping[str, Any]]
+    example: str = ""
 
 
 def refuse_extras(parts: urllib.parse.SplitResult, form: str) -> None:

@@ -100,3 +100,31 @@ def test_an_unknown_config_field_names_the_closest_one_where_it_is(
     message = str(caught.value)
     assert message.startswith(f"invalid hicache config: Object contains {prefix}; ")
     assert f"did you mean `{guess}`? valid fields: {fields}" in message
+
+
+@pytest.mark.parametrize(
+    ("backend", "url"),
+    [("redis", "hicache check redis://127.0.0.1:6379/0"), ("s3", "hicache check s3://BUCKET/")],
+)
+def test_a_backend_checked_without_options_is_told_how_to_give_them(backend: str, url: str) -> None:
+    result = CliRunner().invoke(main, ["check", backend], env={"COLUMNS": "200"})
+    assert result.exit_code == 2
+    first, hint = result.output.splitlines()[:2]
+    assert first.startswith(f"error: cannot open the {backend} backend: invalid {backend} backend")
+    assert f"pass --config JSON|@FILE (`hicache backends {backend}` lists them)" in hint
+    assert url in hint
+
+
+def test_a_backend_with_no_url_scheme_is_pointed_at_its_options() -> None:
+    result = CliRunner().invoke(main, ["check", "mooncake"], env={"COLUMNS": "200"})
+    assert result.exit_code == 2
+    assert "`hicache backends mooncake` lists them" in result.output
+    assert "a URL" not in result.output
+
+
+def test_options_that_were_given_get_no_hint() -> None:
+    config = '{"url": "http://127.0.0.1:1"}'
+    result = CliRunner().invoke(main, ["check", "redis", "--config", config])
+    assert result.exit_code == 2
+    assert "redis:// or rediss://" in result.output
+    assert "no options were given" not in result.output

@@ -78,4 +78,8 @@ def _file_options(url: str) -> dict[str, Any]:
 @hookimpl
 def hicache_url_schemes() -> list[UrlScheme]:
     """Claim ``file:///PATH`` for the file backend."""
-    return [UrlScheme(scheme="file", backend="file", options=_file_options)]
+    return [
+        UrlScheme(
+            scheme="file", backend="file", options=_file_options, example="file:///var/cache/kv"
+        )
+    ]

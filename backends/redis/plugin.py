@@ -39,6 +39,11 @@ def _redis_options(url: str) -> dict[str, Any]:
 def hicache_url_schemes() -> list[UrlScheme]:
     """Claim ``redis://`` and ``rediss://`` (TLS) for the redis backend."""
     return [
-        UrlScheme(scheme="redis", backend="redis", options=_redis_options),
+        UrlScheme(
+            scheme="redis",
+            backend="redis",
+            options=_redis_options,
+            example="redis://127.0.0.1:6379/0",
+        ),
         UrlScheme(scheme="rediss", backend="redis", options=_redis_options),
     ]

@@ -58,7 +58,23 @@ def _probe(backend: str, options: str | None) -> None:
             pass
     except HiCacheError as exc:
         message = redact_text(str(exc), secrets_in(read_source(options)))
+        if options is None and isinstance(exc, ConfigError):
+            message += _how_to_give_options(backend)
         raise ConfigError(f"cannot open the {backend} backend: {message}") from None
+
+
+def _how_to_give_options(backend: str) -> str:
+    """Say how to give ``backend`` options: ``--config``, and a URL where one names it."""
+    from ..urls import url_schemes
+
+    examples = [s.example for s in url_schemes().values() if s.backend == backend and s.example]
+    hint = (
+        f"\nno options were given: pass --config JSON|@FILE "
+        f"(`hicache backends {backend}` lists them)"
+    )
+    if examples:
+        hint += ", or a URL: " + " or ".join(f"hicache check {url}" for url in examples)
+    return hint
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ from ..bench.report import approx_size
 from ..config import read_source
 from ..engine.model import DTYPES
 from ..errors import ConfigError
+from .matrix import matrix_command
 from .options import backend_options, writable_file
 from .settings import SET_HELP, parse_assignment, read_settings_file
 
@@ -542,3 +543,6 @@ def _write_outputs(
             f"error: cannot write {'; '.join(failed)} (the result is printed above)", err=True
         )
         raise SystemExit(2)
+
+
+engine_group.add_command(matrix_command)
