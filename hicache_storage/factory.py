@@ -19,6 +19,7 @@ from .layers import (
     VerifyLayer,
 )
 from .registry import get_spec
+from .urls import is_url, parse_backend_url
 
 __all__ = ["apply_layers", "create_backend", "open_backend"]
 
@@ -98,10 +99,12 @@ def create_backend(
     Parameters
     ----------
     name
-        A registered backend name (see ``hicache backends``).
+        A registered backend name (see ``hicache backends``), or a URL whose scheme a backend
+        claims (``redis://host:6379/0``, ``s3://bucket/prefix``, ``file:///path``; see
+        :func:`~hicache_storage.urls.parse_backend_url`): its backend with the options it gives.
     config
         The backend's own options: a mapping, a JSON string, ``"@path"`` to a JSON file, or the
-        backend's config Struct.
+        backend's config Struct. With a URL, these keys update the URL's options.
     deployment
         Facts about this rank; defaults to a single-rank deployment.
     layers
@@ -118,11 +121,15 @@ def create_backend(
     MissingDependencyError
         If the backend's client library is missing; the message names the pip extra.
     ConfigError
-        If an option is unknown, of the wrong type or out of range, or a layer the stack names
-        cannot be loaded.
+        If an option is unknown, of the wrong type or out of range, a layer the stack names
+        cannot be loaded, or ``name`` is a URL that no backend claims or that does not read as
+        its scheme requires.
     BackendUnavailableError, BackendTimeoutError
         With ``strict_start``, if the backend checks its store when built and it does not answer.
     """
+    if is_url(name):
+        name, from_url = parse_backend_url(name)
+        config = {**from_url, **read_source(config)}
     spec = get_spec(name)
     schema = spec.load_config_type()
     options = (

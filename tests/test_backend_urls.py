@@ -193,3 +193,29 @@ def test_check_runs_the_backend_a_url_names(tmp_path: Path) -> None:
     assert data["options"]["fsync"] is True
     assert data["options"]["metadata_cache"] is False
     assert data["totals"].get("passed", 0) >= 1
+
+
+def test_create_backend_builds_the_backend_a_url_names(tmp_path: Path) -> None:
+    from hicache_storage import create_backend
+
+    root = tmp_path / "kv"
+    with create_backend(f"file://{root}", {"fsync": True}) as backend:
+        assert backend.set("k", b"value") is True
+        got = backend.get("k")
+        assert got is not None and bytes(got) == b"value"
+    assert any(root.rglob("*")), "the URL's path is the backend's root"
+    with pytest.raises(ConfigError, match="no backend claims URL scheme 'gopher'"):
+        create_backend("gopher://host/kv")
+
+
+@pytest.mark.parametrize("command", ["sglang-args", "vllm-args"])
+def test_launch_args_take_a_url(command: str) -> None:
+    result = CliRunner().invoke(
+        cli, [command, "redis://127.0.0.1:6379/0", "--config", '{"prefix": "qwen"}', "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    text = json.loads(result.stdout)
+    tier = text if command == "sglang-args" else text["kv_connector_extra_config"]
+    assert '"backend": "redis"' in json.dumps(tier)
+    assert '"url": "redis://127.0.0.1:6379/0"' in json.dumps(tier)
+    assert '"prefix": "qwen"' in json.dumps(tier)

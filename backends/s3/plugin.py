@@ -53,6 +53,4 @@ def _s3_options(url: str) -> dict[str, Any]:
 @hookimpl
 def hicache_url_schemes() -> list[UrlScheme]:
     """Claim ``s3://BUCKET[/PREFIX]`` for the s3 backend."""
-    return [
-        UrlScheme(scheme="s3", backend="s3", options=_s3_options, example="s3://BUCKET/PREFIX")
-    ]
+    return [UrlScheme(scheme="s3", backend="s3", options=_s3_options, example="s3://BUCKET/PREFIX")]

@@ -25,7 +25,7 @@ from ..config import ENV_PREFIX, read_source
 from ..errors import ConfigError
 from ..kit.options import bytes_of
 from ..redact import MASK, is_secret_name, redact_options, secrets_in
-from .options import backend_options
+from .options import backend_options, resolve_backend
 
 __all__ = [
     "SGLANG_ADAPTER",
@@ -72,8 +72,11 @@ def _source(config: str | None) -> str:
     return config
 
 
-def _backend_options(backend: str, config: str | None) -> dict[str, Any]:
-    """Return ``backend``'s options from ``--config``, validated as ``hicache check`` does.
+def _backend_options(backend: str, config: str | None) -> tuple[str, dict[str, Any]]:
+    """Return the backend BACKEND names and its options, validated as ``hicache check`` does.
+
+    BACKEND is a name, whose options come from ``--config``, or a URL (``redis://...``), whose
+    options ``--config`` updates.
 
     Raises
     ------
@@ -83,9 +86,9 @@ def _backend_options(backend: str, config: str | None) -> dict[str, Any]:
         If the source is not a JSON object or an option is unknown or of the wrong type (its
         secrets masked in the message).
     """
-    source = _source(config)
-    with backend_options(backend, source, "hicache-launch-") as checked:
-        return read_source(checked)
+    name, source = resolve_backend(backend, _source(config))
+    with backend_options(name, source, "hicache-launch-") as checked:
+        return name, read_source(checked)
 
 
 def sglang_extra_config(backend: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -239,7 +242,7 @@ def sglang_args_command(
     passwords) print as *** unless --show-secrets; stderr names the HICACHE_OPTIONS__* variable
     that passes each to the server instead.
     """
-    options = _backend_options(backend, config)
+    backend, options = _backend_options(backend, config)
     extra = sglang_extra_config(backend, options)
     words = [
         "--enable-hierarchical-cache",
@@ -299,7 +302,7 @@ def vllm_args_command(
     HICACHE_OPTIONS__* variable that passes each to the server instead.
     """
     size = _size(cpu_bytes)
-    options = _backend_options(backend, config)
+    backend, options = _backend_options(backend, config)
     transfer = vllm_kv_transfer_config(backend, options, cpu_bytes=size, cpu_worker=cpu_worker)
     _emit(
         ["--kv-transfer-config"],

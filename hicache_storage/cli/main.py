@@ -138,4 +138,3 @@ def _one_line_warning(show: Callable[..., None]) -> Callable[..., None]:
 @click.version_option(package_name="hicache-storage", prog_name="hicache")
 def main() -> None:
     """Storage tier (L3) of hierarchical KV caches: list backends and measure them."""
-
