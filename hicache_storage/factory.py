@@ -101,7 +101,7 @@ def create_backend(
     name
         A registered backend name (see ``hicache backends``), or a URL whose scheme a backend
         claims (``redis://host:6379/0``, ``s3://bucket/prefix``, ``file:///path``; see
-        :func:`~hicache_storage.urls.parse_backend_url`): its backend with the options it gives.
+        ``hicache_storage.urls.parse_backend_url``): its backend with the options it gives.
     config
         The backend's own options: a mapping, a JSON string, ``"@path"`` to a JSON file, or the
         backend's config Struct. With a URL, these keys update the URL's options.

@@ -30,6 +30,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "check_command",
         "Run the conformance suite against BACKEND (default: file) and summarize the result.",
     ),
+    "doctor": (
+        "doctor",
+        "doctor_command",
+        "Check a deployment of BACKEND before it serves; exit 1 if a check fails.",
+    ),
     "engine": (
         "engine",
         "engine_group",
