@@ -25,9 +25,10 @@ from collections.abc import Iterator
 import pytest
 
 from hicache_storage.backend import StorageBackend
-from hicache_storage.capabilities import Capabilities
+from hicache_storage.capabilities import Capabilities, unbacked_claims
 from hicache_storage.conformance.factory import BackendFactory
 from hicache_storage.errors import UnsupportedOperationError
+from hicache_storage.registry import get_spec
 
 __all__ = [
     "Keyspace",
@@ -55,6 +56,14 @@ def capabilities_of(factory: BackendFactory) -> Capabilities:
         with factory() as instance:
             _CAPABILITIES[ident] = instance.capabilities
     return _CAPABILITIES[ident]
+
+
+def unbacked_claims_of(factory: BackendFactory) -> list[str]:
+    """Return what ``factory``'s backend claims without implementing (see ``unbacked_claims``)."""
+    backend_class = get_spec(factory.name).load_factory()
+    if not isinstance(backend_class, type):
+        return []
+    return unbacked_claims(backend_class, capabilities_of(factory))
 
 
 class Keyspace:
@@ -135,6 +144,9 @@ def hicache_capability_gate(request: pytest.FixtureRequest) -> None:
     """Skip a test whose ``hicache_requires`` capabilities the backend does not claim."""
     # Asked for every check, so a backend that cannot be built errors everywhere, never skips.
     factory: BackendFactory = request.getfixturevalue("hicache_factory")
+    unbacked = unbacked_claims_of(factory)
+    if unbacked:
+        pytest.fail("; ".join(unbacked) + ": drop the claim or implement the method", False)
     claimed = set(capabilities_of(factory).claimed())
     required: list[str] = []
     for marker in request.node.iter_markers(REQUIRES_MARKER):

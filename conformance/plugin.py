@@ -182,6 +182,28 @@ def hicache_engine_check(hicache_factory: BackendFactory, hicache_engine_case: s
     return check
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """With ``--hicache-backend``, refuse once a backend that claims what it does not implement.
+
+    Every check would otherwise fail with the same message (the cleanup after each uses the
+    claimed method); a backend that cannot be built is left to the checks, which say why.
+    """
+    name = session.config.getoption("hicache_backend", default=None)
+    if not name or not session.items:
+        return
+    from hicache_storage.conformance.factory import BackendFactory
+    from hicache_storage.conformance.fixtures import unbacked_claims_of
+    from hicache_storage.errors import HiCacheError
+
+    try:
+        factory = BackendFactory.from_source(str(name), session.config.getoption("hicache_config"))
+        unbacked = unbacked_claims_of(factory)
+    except HiCacheError:
+        return
+    if unbacked:
+        raise pytest.UsageError("; ".join(unbacked) + ": drop the claim or implement the method")
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Remember the capabilities each check requires (for the report)."""
     required: list[str] = []

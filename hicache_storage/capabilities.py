@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["Capabilities"]
+__all__ = ["CLAIMED_METHODS", "Capabilities", "unbacked_claims"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,3 +72,24 @@ class Capabilities:
             for f in dataclasses.fields(self)
             if f.type in ("bool", bool) and getattr(self, f.name)
         ]
+
+
+CLAIMED_METHODS: dict[str, str] = {"delete": "delete"}
+"""A capability whose claim promises a method of :class:`~hicache_storage.StorageBackend` that
+the base class only refuses (``UnsupportedOperationError``)."""
+
+
+def unbacked_claims(backend_class: type, claims: Capabilities) -> list[str]:
+    """Return a sentence per capability ``claims`` makes that ``backend_class`` does not implement.
+
+    A backend claiming ``delete`` without a ``delete`` method fails every check that cleans up
+    after itself; saying so once, up front, names the one mistake.
+    """
+    from .backend import StorageBackend
+
+    return [
+        f"{backend_class.__name__} claims {claim!r} but does not implement {method}()"
+        for claim, method in CLAIMED_METHODS.items()
+        if getattr(claims, claim)
+        and getattr(backend_class, method, None) is getattr(StorageBackend, method)
+    ]

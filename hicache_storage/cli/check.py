@@ -49,18 +49,25 @@ def _probe(backend: str, options: str | None) -> None:
     ------
     ConfigError
         If the backend cannot be opened with ``options`` (any :class:`HiCacheError`: a refused
-        option, a missing client library, an unreachable server); its secrets are masked.
+        option, a missing client library, an unreachable server; its secrets are masked), or it
+        claims a capability whose method it does not implement.
     """
+    from ..capabilities import unbacked_claims
     from ..factory import create_backend
+    from ..registry import get_spec
 
     try:
-        with create_backend(backend, options):
-            pass
+        with create_backend(backend, options) as opened:
+            claims = opened.capabilities
     except HiCacheError as exc:
         message = redact_text(str(exc), secrets_in(read_source(options)))
         if options is None and isinstance(exc, ConfigError):
             message += _how_to_give_options(backend)
         raise ConfigError(f"cannot open the {backend} backend: {message}") from None
+    backend_class = get_spec(backend).load_factory()
+    unbacked = unbacked_claims(backend_class, claims) if isinstance(backend_class, type) else []
+    if unbacked:
+        raise ConfigError("; ".join(unbacked) + ": drop the claim or implement the method")
 
 
 def _how_to_give_options(backend: str) -> str:
