@@ -78,7 +78,6 @@ from hicache_storage.errors import (
     HiCacheError,
     InvalidKeyError,
 )
-from hicache_storage.hostpool import HostKVPool
 from hicache_storage.keys.format import ObjectFormat
 from hicache_storage.keys.validation import validate_key
 from hicache_storage.kit import (
@@ -254,6 +253,9 @@ class FileBackend(StorageBackend):
             With ``naming="sglang_file_compat"``, if the directory holds objects of another
             model format (dtype, geometry or layout) under this deployment's key suffix.
         """
+        # Imported here: a pool of this SDK means torch is loaded, and the backend needs neither.
+        from hicache_storage.hostpool import HostKVPool
+
         if self._compat and isinstance(pool, HostKVPool):
             fmt = ObjectFormat.of_pool(pool, model=self.deployment.model_name)
             suffix = self.deployment.rank_suffix().suffix
