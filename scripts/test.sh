@@ -14,9 +14,9 @@ bash scripts/setup-vllm.sh
 bash scripts/typecheck.sh
 bash scripts/docs.sh
 bash scripts/asan.sh  # the native I/O helper, built with AddressSanitizer, under its tests
-# One worker per core (HICACHE_TEST_WORKERS to change): most of the run is suites in subprocesses
-# and servers, which overlap; a module marked xdist_group stays on one worker.
-.venv/bin/python -m pytest -n "${HICACHE_TEST_WORKERS:-2}" --dist loadgroup "$@"
+# One worker per core (HICACHE_TEST_WORKERS to change); each file runs whole on one worker, so a
+# module's fixtures (test_teeth's 55 suite runs, a built wheel) are made once.
+.venv/bin/python -m pytest -n "${HICACHE_TEST_WORKERS:-2}" --dist loadfile "$@"
 # tests/vllm: real vLLM on CPU, in its own venv (the run above leaves that folder out). Engines log
 # a lot, so passed tests' output is not replayed.
 .venv-vllm/bin/python -m pytest tests/vllm -p no:cacheprovider \

@@ -43,3 +43,19 @@ def make_backend(backend_name: str, tmp_path: Path) -> Iterator[Callable[..., St
 @pytest.fixture
 def backend(make_backend: Callable[..., StorageBackend]) -> StorageBackend:
     return make_backend()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Start the files whose tests declare the longest time limits first.
+
+    ``scripts/test.sh`` runs files on two workers (pytest-xdist, ``--dist loadfile``), handing out
+    files in this order: a long file started last would leave one worker running it alone. A
+    test's ``timeout`` mark is its author's statement that it runs long; files keep their
+    collection order otherwise.
+    """
+    limit: dict[str, float] = {}
+    for item in items:
+        mark = item.get_closest_marker("timeout")
+        seconds = float(mark.args[0]) if mark is not None and mark.args else 0.0
+        limit[item.location[0]] = max(limit.get(item.location[0], 0.0), seconds)
+    items.sort(key=lambda item: -limit[item.location[0]])

@@ -31,10 +31,10 @@ CHECK_TIMEOUT_S = 8
 # take longer than 8 s on a loaded 2-core machine; nothing in it hangs.
 REFERENCE_CHECK_TIMEOUT_S = 60
 
-pytestmark = [pytest.mark.timeout(1200), pytest.mark.xdist_group("teeth")]
+pytestmark = pytest.mark.timeout(1200)
 """The ``reports`` fixture runs every broken backend's suite before the first test (about 60
 runs, two at a time): far more than the default per-test limit, which its own runs still keep.
-Under pytest-xdist the module stays on one worker, so those runs happen once."""
+``scripts/test.sh`` hands a file to one worker (``--dist loadfile``), so those runs happen once."""
 
 RUNS_AT_ONCE = 2
 """Suite processes run side by side (one per core of the CI machine): each bug's run is mostly
