@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Any
 
 from hicache_storage.backend import StorageBackend
 from hicache_storage.config import Deployment, LayerConfig, read_source
 from hicache_storage.factory import create_backend
-from hicache_storage.registry import get_spec
+from hicache_storage.registry import get_spec, origin_of
 
 __all__ = ["BackendFactory"]
 
@@ -57,11 +58,26 @@ class BackendFactory:
             return backend.capabilities
 
     def version(self) -> str:
-        """Return the version of the distribution that provides the backend, if known."""
-        spec = get_spec(self.name)
+        """Return the version of what provides the backend: its distribution, else its package.
+
+        An entry point names its distribution; a plugin loaded at run time (``HICACHE_PLUGINS``,
+        ``register_plugin``) that names none in its spec has the ``__version__`` of its
+        factory's top-level package, else ``"unknown"``: never the SDK's own version.
+        """
         from importlib.metadata import PackageNotFoundError, version
 
+        origin = origin_of(self.name)
+        if origin is not None:
+            return origin.version
+        spec = get_spec(self.name)
+        if spec.distribution.replace("_", "-").lower() != "hicache-storage":
+            try:
+                return version(spec.distribution)
+            except PackageNotFoundError:
+                return "unknown"
         try:
-            return version(spec.distribution)
-        except PackageNotFoundError:
+            package = importlib.import_module(spec.factory.partition(":")[0].partition(".")[0])
+        except ImportError:
             return "unknown"
+        found = getattr(package, "__version__", None)
+        return str(found) if found is not None else "unknown"

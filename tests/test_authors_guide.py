@@ -34,6 +34,7 @@ def test_guide_backend_passes_the_suite(tmp_path: Path, monkeypatch: pytest.Monk
     failed = {row.id: row.message for row in report.failures()}
     assert status == 0 and not failed, f"the guide's backend fails the suite: {failed}"
     assert report.backend == "dirkv"
+    assert report.version == "0.1.0" == re.search(r'__version__ = "(.*)"', _module())[1]
 
 
 def test_relative_paths_of_the_caller_reach_the_suite(

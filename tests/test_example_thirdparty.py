@@ -63,6 +63,6 @@ def test_plugin_suite_passes_against_entry_point(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     data = json.loads((report / "report.json").read_text())
     assert data["backend"] == "example-sqlite"
-    assert data["version"] == "0.1.0"  # the example distribution's version, not hicache-storage's
+    assert data["version"] == "0.2.0"  # the example distribution's version, not hicache-storage's
     assert "persistent" in data["capabilities"]
     assert data["totals"]["passed"] > 100 and data["totals"]["failed"] == 0
