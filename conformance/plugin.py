@@ -23,7 +23,9 @@ Importing this module is cheap: backends, torch and the suite load only when the
 
 from __future__ import annotations
 
+import tempfile
 import time
+from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
 import pytest
@@ -135,8 +137,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def hicache_factory(pytestconfig: pytest.Config) -> BackendFactory:
-    """Return the backend under test, from ``--hicache-backend`` and ``--hicache-config``."""
+def hicache_factory(
+    pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
+) -> BackendFactory:
+    """Return the backend under test, from ``--hicache-backend`` and ``--hicache-config``.
+
+    Without ``--hicache-config``, a backend whose options require a ``root`` or a ``path`` gets
+    one under the session's temporary directory, as ``hicache check`` gives it.
+    """
     name = pytestconfig.getoption("hicache_backend", default=None)
     if not name:
         pytest.fail(
@@ -144,9 +152,18 @@ def hicache_factory(pytestconfig: pytest.Config) -> BackendFactory:
             "fixture returning a BackendFactory",
             pytrace=False,
         )
-    from hicache_storage.conformance.factory import BackendFactory
+    return _factory(pytestconfig, str(name), lambda: str(tmp_path_factory.mktemp("hicache")))
 
-    return BackendFactory.from_source(str(name), pytestconfig.getoption("hicache_config"))
+
+def _factory(config: pytest.Config, name: str, scratch: Callable[[], str]) -> BackendFactory:
+    """Build the recipe of ``name`` from ``--hicache-config``, else with scratch places."""
+    from hicache_storage.conformance.factory import BackendFactory
+    from hicache_storage.registry import get_spec
+
+    source = config.getoption("hicache_config", default=None)
+    if source is None and get_spec(name).scratch_options(""):
+        return BackendFactory(name, dict(get_spec(name).scratch_options(scratch())))
+    return BackendFactory.from_source(name, source)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -191,13 +208,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     name = session.config.getoption("hicache_backend", default=None)
     if not name or not session.items:
         return
-    from hicache_storage.conformance.factory import BackendFactory
     from hicache_storage.conformance.fixtures import unbacked_claims_of
     from hicache_storage.errors import HiCacheError
 
     try:
-        factory = BackendFactory.from_source(str(name), session.config.getoption("hicache_config"))
-        unbacked = unbacked_claims_of(factory)
+        with tempfile.TemporaryDirectory(prefix="hicache-claims-") as scratch:
+            unbacked = unbacked_claims_of(_factory(session.config, str(name), lambda: scratch))
     except HiCacheError:
         return
     if unbacked:

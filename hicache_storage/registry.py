@@ -116,6 +116,19 @@ class BackendSpec:
         loaded: type[msgspec.Struct] = self._load(self.config)
         return loaded
 
+    def scratch_options(self, directory: str) -> dict[str, str]:
+        """Return the options naming a place under ``directory`` for each required location.
+
+        A backend whose options require a ``root`` directory or a ``path`` gets
+        ``directory/root`` and ``directory/store``; others get ``{}``. The CLI and the suite's
+        ``--hicache-backend`` give such a backend a fresh temporary place when no config is given.
+        """
+        required = {f.name for f in msgspec.structs.fields(self.load_config_type()) if f.required}
+        places = {"root": "root", "path": "store"}
+        return {
+            name: os.path.join(directory, leaf) for name, leaf in places.items() if name in required
+        }
+
     def load_factory(self) -> type[StorageBackend]:
         """Import and return the backend class."""
         loaded: type[StorageBackend] = self._load(self.factory)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,3 +51,31 @@ def test_relative_paths_of_the_caller_reach_the_suite(
     assert _child_env()["PYTHONPATH"] == os.pathsep.join([os.getcwd()] * 2)
     status = run_suite("file", "@opts.json", tmp_path / "report", ["-k", "no_such_check"])
     assert status == 5
+
+
+def test_pytest_gives_a_backend_that_needs_a_root_a_temporary_one(tmp_path: Path) -> None:
+    # `pytest --hicache-backend file` with no --hicache-config, as `hicache check file` runs it.
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--hicache-backend",
+            "file",
+            "--basetemp",
+            str(tmp_path / "base"),
+            "-q",
+            "-k",
+            "TestRoundTrip and get_matches or TestPersistence",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert re.search(r"\b(\d+) passed", done.stdout), done.stdout[-2000:]
+    assert list((tmp_path / "base").glob("hicache*/root")), "the store's root is a temporary one"

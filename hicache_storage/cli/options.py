@@ -68,17 +68,12 @@ def backend_options(backend: str, config: str | None, prefix: str) -> Iterator[s
         convert(read_source(config), schema, what)
         yield config
         return
-    required = {field.name for field in msgspec.structs.fields(schema) if field.required}
-    if not required & {"root", "path"}:
+    if not get_spec(backend).scratch_options(""):
         yield None
         return
     scratch = tempfile.mkdtemp(prefix=prefix)
     try:
-        options: dict[str, str] = {}
-        if "root" in required:
-            options["root"] = os.path.join(scratch, "root")
-        if "path" in required:
-            options["path"] = os.path.join(scratch, "store")
+        options = get_spec(backend).scratch_options(scratch)
         source = msgspec.json.encode(options).decode()
         convert(read_source(source), schema, what)
         yield source
