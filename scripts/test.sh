@@ -20,4 +20,4 @@ bash scripts/asan.sh  # the native I/O helper, built with AddressSanitizer, unde
 # tests/vllm: real vLLM on CPU, in its own venv (the run above leaves that folder out). Engines log
 # a lot, so passed tests' output is not replayed.
 .venv-vllm/bin/python -m pytest tests/vllm -p no:cacheprovider \
-  -o addopts="-ra --strict-markers --durations=15"
+  -n "${HICACHE_TEST_WORKERS:-2}" --dist loadfile -o addopts="-ra --strict-markers --durations=15"
