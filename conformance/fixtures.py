@@ -60,10 +60,7 @@ def capabilities_of(factory: BackendFactory) -> Capabilities:
 
 def unbacked_claims_of(factory: BackendFactory) -> list[str]:
     """Return what ``factory``'s backend claims without implementing (see ``unbacked_claims``)."""
-    backend_class = get_spec(factory.name).load_factory()
-    if not isinstance(backend_class, type):
-        return []
-    return unbacked_claims(backend_class, capabilities_of(factory))
+    return unbacked_claims(get_spec(factory.name).load_factory(), capabilities_of(factory))
 
 
 class Keyspace:

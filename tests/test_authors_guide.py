@@ -17,11 +17,37 @@ from hicache_storage.registry import PLUGINS_ENV
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "authors.md"
 
 
+def _blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", GUIDE.read_text(), flags=re.DOTALL)
+
+
 def _module() -> str:
-    """Return the guide's Python blocks joined in order (the first names the file)."""
-    blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), flags=re.DOTALL)
-    assert blocks and blocks[0].startswith("# dirkv.py"), "the guide's first block names dirkv.py"
-    return "\n\n".join(blocks)
+    """Return dirkv.py: the guide's Python blocks from the one that names it, joined in order."""
+    blocks = _blocks()
+    first = next(i for i, block in enumerate(blocks) if block.startswith("# dirkv.py"))
+    return "\n\n".join(blocks[first:])
+
+
+def test_the_smallest_backend_passes_the_suite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Section 0's tinykv.py, as its console block runs it.
+    (tiny,) = [block for block in _blocks() if block.startswith("# tinykv.py")]
+    assert re.findall(r"^    def (\w+)\(", tiny, flags=re.MULTILINE) == [
+        "__init__",
+        "get",
+        "exists",
+        "set",
+    ]
+    (tmp_path / "tinykv.py").write_text(tiny)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", ".")
+    monkeypatch.setenv(PLUGINS_ENV, "tinykv")
+    status = run_suite("tinykv", None, tmp_path / "report")
+    report = load_report(tmp_path / "report")
+    failed = {row.id: row.message for row in report.failures()}
+    assert status == 0 and not failed, f"the smallest backend fails the suite: {failed}"
+    assert report.capabilities == [] and report.version == "unknown"
 
 
 def test_guide_backend_passes_the_suite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -79,3 +105,39 @@ def test_pytest_gives_a_backend_that_needs_a_root_a_temporary_one(tmp_path: Path
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert re.search(r"\b(\d+) passed", done.stdout), done.stdout[-2000:]
     assert list((tmp_path / "base").glob("hicache*/root")), "the store's root is a temporary one"
+
+
+def test_the_guide_baseline_gives_bench_its_ratios(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Section 9: `hicache bench dirkv` prints ratios to the guide's DirKVBaseline.
+    (tmp_path / "dirkv.py").write_text(_module())
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), PLUGINS_ENV: "dirkv"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from hicache_storage.cli import main; main()",
+            "bench",
+            "dirkv",
+            "--page-size",
+            "64KiB",
+            "--batch-size",
+            "2",
+            "--batches",
+            "2",
+            "--repeat",
+            "1",
+            "--json",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["backend"] == "dirkv"
+    assert report["set_ratio"] > 0 and report["get_ratio"] > 0

@@ -64,8 +64,7 @@ def _probe(backend: str, options: str | None) -> None:
         if options is None and isinstance(exc, ConfigError):
             message += _how_to_give_options(backend)
         raise ConfigError(f"cannot open the {backend} backend: {message}") from None
-    backend_class = get_spec(backend).load_factory()
-    unbacked = unbacked_claims(backend_class, claims) if isinstance(backend_class, type) else []
+    unbacked = unbacked_claims(get_spec(backend).load_factory(), claims)
     if unbacked:
         raise ConfigError("; ".join(unbacked) + ": drop the claim or implement the method")
 
