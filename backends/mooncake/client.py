@@ -288,6 +288,7 @@ class SharedClient:
         self._prober: threading.Thread | None = None
         self._closing = threading.Event()
         self._warned_no_space = False
+        self._in_flight = threading.BoundedSemaphore(REQUESTS_IN_FLIGHT)
         self.staging_lock = threading.Lock()
         self._require_master("before setup")
         endpoint = _metadata_endpoint(settings.metadata_server)
@@ -408,6 +409,8 @@ class SharedClient:
         ------
         BackendUnavailableError
             While the master is known not to answer.
+        BackendTimeoutError
+            If :data:`REQUESTS_IN_FLIGHT` requests stay in flight for a whole RPC timeout.
         """
         if self._down and not self._may_ask():
             count("master_unreachable")
@@ -415,8 +418,17 @@ class SharedClient:
                 f"mooncake master {self.settings.master} did not answer a recent request; "
                 f"{what} fails at once until it answers again"
             )
-        with _ERRORS.guard(what, count):
-            yield
+        if not self._in_flight.acquire(timeout=self.timeouts.rpc_s):
+            count("requests_in_flight")
+            raise BackendTimeoutError(
+                f"mooncake {what} waited {self.timeouts.rpc_s:.3g} s for one of the "
+                f"{REQUESTS_IN_FLIGHT} requests in flight to end"
+            )
+        try:
+            with _ERRORS.guard(what, count):
+                yield
+        finally:
+            self._in_flight.release()
 
     def check(self, code: int, what: str, count: Count) -> int:
         """Return ``code`` unless it says the master is unreachable; then raise.
@@ -559,6 +571,15 @@ class _ClientErrors(ErrorMap):
 
 _ERRORS = _ClientErrors("mooncake", catch=(RuntimeError, ValueError, TypeError, OSError))
 """Turns the client library's exceptions into ``BackendIOError``, counted by the call."""
+
+REQUESTS_IN_FLIGHT = 8
+"""Most store requests one process's client has in flight at once. The client library opens a
+connection (to the master, to a segment holder) for each request in flight that finds none idle
+and pools it for the process's life, so unbounded callers (32 racing first calls) raise the
+process's descriptors whenever more of them overlap than ever before (seen: 2 master connections
+growing to 5 over four rounds of the suite's leak check). An engine calls storage from a handful
+of threads (SGLang's prefetch, I/O and backup threads; vLLM's loads and stores), under the
+bound; more callers wait their turn, within each request's own RPC timeout."""
 
 _CLIENTS: dict[tuple[object, ...], SharedClient] = {}
 _CLIENTS_LOCK = threading.Lock()
