@@ -15,9 +15,13 @@ bash scripts/typecheck.sh
 bash scripts/docs.sh
 bash scripts/asan.sh  # the native I/O helper, built with AddressSanitizer, under its tests
 # One worker per core (HICACHE_TEST_WORKERS to change); each file runs whole on one worker, so a
-# module's fixtures (test_teeth's 55 suite runs, a built wheel) are made once.
-.venv/bin/python -m pytest -n "${HICACHE_TEST_WORKERS:-2}" --dist loadfile "$@"
+# module's fixtures (test_teeth's 55 suite runs, a built wheel) are made once. Files are handed out
+# in collection order (tests/conftest.py puts the longest-limited first), not by test count, which
+# would leave the one-test whole-suite files for last.
+.venv/bin/python -m pytest -n "${HICACHE_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
+  "$@"
 # tests/vllm: real vLLM on CPU, in its own venv (the run above leaves that folder out). Engines log
 # a lot, so passed tests' output is not replayed.
 .venv-vllm/bin/python -m pytest tests/vllm -p no:cacheprovider \
-  -n "${HICACHE_TEST_WORKERS:-2}" --dist loadfile -o addopts="-ra --strict-markers --durations=15"
+  -n "${HICACHE_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
+  -o addopts="-ra --strict-markers --durations=15"

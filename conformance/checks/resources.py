@@ -42,20 +42,11 @@ __all__ = ["TestResources"]
 STEADY_ROUNDS = 3
 """Rounds in a row in which no count may rise above its highest earlier value."""
 
-MAX_ROUNDS = 10
-"""Measured rounds after the warm-up within which the counts must have been steady.
+MAX_ROUNDS = 6
+"""Measured rounds after the warm-up within which the counts must have been steady."""
 
-A client library's process-wide pool (Mooncake's master connections) grows to its bound over
-the first rounds, when more calls overlap than before, and then stays; a leak rises in nearly
-every round. Ten rounds let such a pool reach its bound; a leak still finds no three steady
-rounds in a row."""
-
-SETTLE_S = 2.0
-"""How long a round waits for closed connections and finished threads to go before counting.
-
-Only a round whose counts are above their mark waits; a client library that closes its sockets
-on a thread of its own (Mooncake's) can take over half a second to get the core on a loaded
-two-core machine, while a leak stays whatever the wait."""
+SETTLE_S = 0.5
+"""How long a round waits for closed connections and finished threads to go before counting."""
 
 FIRST_CALLERS = 32
 """Threads making the first calls on each new instance, released together at a barrier."""
