@@ -162,7 +162,7 @@ def _factory(config: pytest.Config, name: str, scratch: Callable[[], str]) -> Ba
 
     source = config.getoption("hicache_config", default=None)
     if source is None and get_spec(name).scratch_options(""):
-        return BackendFactory(name, dict(get_spec(name).scratch_options(scratch())))
+        return BackendFactory(name, get_spec(name).scratch_options(scratch()))
     return BackendFactory.from_source(name, source)
 
 

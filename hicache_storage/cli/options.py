@@ -62,18 +62,19 @@ def backend_options(backend: str, config: str | None, prefix: str) -> Iterator[s
     Without ``config``, a backend whose options require a ``root`` directory or a ``path`` gets
     one in a fresh temporary directory (named ``prefix...``), removed afterwards.
     """
-    schema = get_spec(backend).load_config_type()
+    spec = get_spec(backend)
+    schema = spec.load_config_type()
     what = f"{backend} backend options"
     if config is not None:
         convert(read_source(config), schema, what)
         yield config
         return
-    if not get_spec(backend).scratch_options(""):
+    if not spec.scratch_options(""):
         yield None
         return
     scratch = tempfile.mkdtemp(prefix=prefix)
     try:
-        options = get_spec(backend).scratch_options(scratch)
+        options = spec.scratch_options(scratch)
         source = msgspec.json.encode(options).decode()
         convert(read_source(source), schema, what)
         yield source
