@@ -180,7 +180,9 @@ class StorageProcess:
                 return
             try:
                 self._conn.send(request)
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, TypeError) as exc:
+                # TypeError: _die closed the connection while this thread was writing to it
+                # (multiprocessing's Connection then writes to a handle of None).
                 self._die(f"the storage process {self.pid} is gone: {exc}")
                 return
 
@@ -188,7 +190,7 @@ class StorageProcess:
         while True:
             try:
                 reply: Reply = self._conn.recv()
-            except (EOFError, OSError):
+            except (EOFError, OSError, TypeError):  # TypeError: closed while reading, as above
                 break
             with self._lock:
                 future = self._pending.pop(reply.call_id, None)

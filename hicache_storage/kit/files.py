@@ -48,6 +48,11 @@ logger = logging.getLogger(__name__)
 TEMP_MARK = ".tmp."
 """What every temporary file name contains (after a leading dot)."""
 
+PUBLISH_ATTEMPTS = 64
+"""Links :meth:`AtomicFiles.publish` tries before it gives up. Each retry follows a key deleted
+between a failed link and the look at what was there (a deleter racing the writer), so 64 is
+far past what a real race repeats, and still bounds a writer that something keeps racing."""
+
 _FANOUT_DIR = re.compile(r"[0-9a-f]{2}")
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
 
@@ -201,13 +206,19 @@ class AtomicFiles:
             If publishing failed, or ``path`` still holds no value after it was cleared once
             (something keeps putting an entry there).
         """
-        for _ in range(2):
+        clears = 0
+        for _ in range(PUBLISH_ATTEMPTS):
             try:
                 os.link(temp, path)
             except FileExistsError:
                 if holds_value(path):
                     return False
+                if not os.path.lexists(path):
+                    continue  # deleted between the link and the look: try again
+                if clears == 2:
+                    break
                 clear_entry(path)
+                clears += 1
                 continue
             except OSError as exc:
                 if exc.errno not in NO_LINK_ERRORS:

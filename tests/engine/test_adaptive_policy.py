@@ -428,9 +428,10 @@ def test_reads_start_inside_the_forward_that_runs_when_a_query_answers(
     cache = adaptive_cache(backend)
     scheduler = Scheduler(model, cache)
     cache.costs.observe_forward(1000, 1.0)  # computing priced at 1 ms a token: reading pays
-    # Held there: this test's real forwards (a tiny model) would price computing below what
-    # reading costs on a loaded machine, and a waiting request would rightly stop its reads.
-    monkeypatch.setattr(cache.costs, "recompute_cost_s", lambda tokens: tokens * 1e-3)
+    # Held far above it: this test's real forwards (a tiny model) would price computing below
+    # what reading costs on a loaded machine, and a fetch that a busy machine's reads made
+    # slower than recomputing would rightly be cut (its pages computed, no storage hit).
+    monkeypatch.setattr(cache.costs, "recompute_cost_s", lambda tokens: tokens * 0.05)
     running = scheduler.submit(Request([3 + i % 50 for i in range(300)], 2))
     first = running.lookup
     assert first is not None
