@@ -38,6 +38,7 @@ from .helpers import builtin_backends
 
 VALID: dict[str, dict[str, Any]] = {
     "3fs": {"path": "/tmp/hicache-bounds-3fs"},
+    "chain": {"tiers": [{"backend": "memory"}]},
     "file": {"root": "/tmp/hicache-bounds-file"},
     "fsspec": {"url": "memory://hicache-bounds"},
     "memory": {},

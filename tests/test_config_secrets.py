@@ -74,6 +74,19 @@ SECRET_OPTIONS: dict[str, list[tuple[dict[str, Any], list[str]]]] = {
             [S3_SECRET],
         ),
     ],
+    "chain": [
+        (
+            {
+                "tiers": [
+                    {"backend": "memory"},
+                    {"backend": "redis", "options": {"url": REDIS_URL}},
+                    {"backend": REDIS_URL},
+                    {"backend": "redis", "options": {"url": "redis://h:1/0", "password": "pw-11"}},
+                ]
+            },
+            ["redis-url-pass-1", "pw-11"],
+        ),
+    ],
     "redis": [
         ({"url": REDIS_URL, "password": "redis-pw-10"}, ["redis-url-pass-1", "redis-pw-10"]),
     ],

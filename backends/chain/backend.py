@@ -1,0 +1,443 @@
+"""The ``chain`` backend: tiers of backends, fastest first, served as one.
+
+A local disk in front of a remote store (LMCache's and Dynamo's cascade) as one backend, so an
+engine that takes one storage backend (SGLang's ``dynamic`` entry, vLLM's tier) gets both:
+
+* ``batch_exists`` answers the longest leading run of keys held across the tiers together; a
+  read is served by the first tier holding each page, and a page a later tier served is
+  promoted into the earlier tiers when :class:`~.promotion.HitCountPromotion` admits it, inside
+  the call, from the bytes the call just read (in the caller's buffers or host-pool pages);
+* a write stores every tier at once (``write_policy="through"``) or the first tier, the later
+  ones from a queue (``"behind"``, :mod:`.behind`);
+* each tier is built with layers of its own (degrade-to-miss and health by default), so a tier
+  that fails or stops answering is a counted miss at once: a remote outage costs no local hit,
+  and a local disk that cannot store a page leaves the remote tiers to hold it.
+
+The pages are verified by the layers around the whole chain, against records stored through
+the chain like any page, so a promoted page is checked whenever the chain serves it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from typing_extensions import Buffer
+
+from hicache_storage.backend import HostPool, StorageBackend
+from hicache_storage.buffers import as_readable
+from hicache_storage.capabilities import Capabilities
+from hicache_storage.config import Deployment
+from hicache_storage.errors import UnsupportedOperationError
+from hicache_storage.factory import create_backend
+from hicache_storage.kit import closed_guard
+
+from .behind import WriteBehind
+from .config import ChainConfig
+from .promotion import HitCountPromotion
+from .turns import KeyTurns
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["ChainBackend", "ChainConfig", "chain_capabilities"]
+
+T = TypeVar("T")
+
+TURNS: Final = KeyTurns()
+"""The keys being written through any chain of this process (see :mod:`.turns`)."""
+
+PROMOTION_BACKOFF_S: Final = (1.0, 60.0)
+"""After a tier fails to store a promoted page (full, read-only, unreachable), promotions into it
+are shed for the first value, doubling on each failure up to the second: a tier that cannot
+absorb pages is asked again about once a second, not on every read."""
+
+
+def chain_capabilities(tiers: Sequence[Capabilities]) -> Capabilities:
+    """Return what a chain of backends with these claims promises, fastest tier first.
+
+    A promise every page keeps must hold in every tier that may serve it (sharing, deletion,
+    crash safety, zero copy, bounds, expiry); durability needs one tier that keeps every page
+    (writes reach every tier). First-wins is claimed only by one tier alone: two writers of a key
+    may each win a different tier, and a reader could see one value and later the other.
+    """
+    sizes = [c.max_value_size for c in tiers if c.max_value_size is not None]
+    return Capabilities(
+        persistent=any(c.persistent for c in tiers),
+        shared=all(c.shared for c in tiers),
+        native_zero_copy=all(c.native_zero_copy for c in tiers),
+        bounded=all(c.bounded for c in tiers),
+        delete=all(c.delete for c in tiers),
+        ttl=all(c.ttl for c in tiers),
+        crash_safe_writes=all(c.crash_safe_writes for c in tiers),
+        atomic_first_wins=len(tiers) == 1 and tiers[0].atomic_first_wins,
+        max_value_size=min(sizes) if sizes else None,
+        exists_stale_s=max(c.exists_stale_s for c in tiers),
+        foreign_names=any(c.foreign_names for c in tiers),
+        shared_host_pool=any(c.shared_host_pool for c in tiers),
+    )
+
+
+@dataclasses.dataclass
+class _Tier:
+    """A built tier and what the chain counted of it."""
+
+    name: str
+    backend: StorageBackend
+    hits: int = 0
+    promoted: int = 0
+    promotion_failed: int = 0
+    promotion_shed: int = 0
+    backoff_s: float = 0.0
+    promote_from: float = 0.0
+
+
+class _Beside:
+    """``fn()`` run on a thread of its own; :meth:`result` joins it (none outlives the call)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._fn = fn
+        self._outcome: tuple[bool, Any] = (False, None)
+        self._thread = threading.Thread(target=self._run, name="hicache-chain-tier", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._outcome = (True, self._fn())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller by result()
+            self._outcome = (False, exc)
+
+    def result(self) -> Any:
+        self._thread.join()
+        ok, value = self._outcome
+        if not ok:
+            raise value
+        return value
+
+
+@closed_guard
+class ChainBackend(StorageBackend):
+    """Serve ``config.tiers`` as one backend: reads from the fastest holder, writes to all."""
+
+    name = "chain"
+
+    def __init__(self, config: ChainConfig, deployment: Deployment | None = None) -> None:
+        super().__init__()
+        self._config = config
+        self._tiers: list[_Tier] = []
+        try:
+            for tier in config.tiers:
+                built = create_backend(
+                    tier.backend,
+                    tier.options,
+                    deployment=deployment,
+                    layers=tier.layers,
+                    strict_start=False,
+                )
+                self._tiers.append(_Tier(built.name, built))
+        except BaseException:
+            self._close_tiers()
+            raise
+        self.capabilities = chain_capabilities([t.backend.capabilities for t in self._tiers])
+        self._promotion = HitCountPromotion(config.promote_after_hits)
+        self._lock = threading.Lock()
+        self._behind = (
+            WriteBehind(
+                self._tiers[0].backend,
+                [t.backend for t in self._tiers[1:]],
+                config.max_pending_pages,
+            )
+            if config.write_policy == "behind" and len(self._tiers) > 1
+            else None
+        )
+
+    @property
+    def tiers(self) -> list[StorageBackend]:
+        """The tiers' backends (each in its own layers), fastest first."""
+        return [t.backend for t in self._tiers]
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    def get(self, key: str, out: Buffer | None = None) -> Buffer | None:
+        """Return the value from the first tier holding ``key``; promote it if admitted."""
+        for index, tier in enumerate(self._tiers):
+            value = tier.backend.get(key, out)
+            if value is not None:
+                self._count_hits(index, 1)
+                if index > 0 and self._promotion.admit([key])[0]:
+                    self._promote(index, 1, _setter([key], [value]))
+                return value
+        return None
+
+    def exists(self, key: str) -> bool:
+        """Return whether any tier holds ``key`` (the fastest asked first)."""
+        return any(tier.backend.exists(key) for tier in self._tiers)
+
+    def batch_exists(self, keys: Sequence[str]) -> int:
+        """Return the leading run of ``keys`` held by the tiers together.
+
+        Each tier extends the run where the earlier ones stopped; passes repeat while one adds
+        to it, since a page after a later tier's run may be held by an earlier tier again.
+        """
+        held = 0
+        grown = True
+        while grown and held < len(keys):
+            grown = False
+            for tier in self._tiers:
+                if held == len(keys):
+                    break
+                more = tier.backend.batch_exists(keys[held:])
+                held += more
+                grown = grown or more > 0
+            if len(self._tiers) == 1:
+                break
+        return held
+
+    def batch_get(self, keys: Sequence[str], outs: Sequence[Buffer]) -> list[bool]:
+        """Read each key from the first tier holding it; promote what later tiers served."""
+        if len(keys) != len(outs):
+            return super().batch_get(keys, outs)  # the base class names the mismatch
+        return self._read(
+            len(keys),
+            lambda t, picked: t.batch_get([keys[i] for i in picked], [outs[i] for i in picked]),
+            lambda t, picked: t.batch_set([keys[i] for i in picked], [outs[i] for i in picked]),
+            keys,
+        )
+
+    def batch_get_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        """Load each page from the first tier holding it; promote from the pages just loaded."""
+        self.page_views(keys, host_indices)  # checks the pool and the indices once, up front
+        size = self.host_pool.page_size
+
+        def pick(picked: list[int]) -> tuple[list[str], Any]:
+            return [keys[i] for i in picked], _pages_of(host_indices, picked, size)
+
+        return self._read(
+            len(keys),
+            lambda t, picked: t.batch_get_v1(*pick(picked)),
+            lambda t, picked: t.batch_set_v1(*pick(picked)),
+            keys,
+        )
+
+    def _read(
+        self,
+        count: int,
+        read: Callable[[StorageBackend, list[int]], list[bool]],
+        write: Callable[[StorageBackend, list[int]], list[bool]],
+        keys: Sequence[str],
+    ) -> list[bool]:
+        """Read positions ``0..count`` tier by tier; promote the admitted later-tier hits."""
+        hits = [False] * count
+        served = [0] * count
+        left = list(range(count))
+        for index, tier in enumerate(self._tiers):
+            if not left:
+                break
+            found = read(tier.backend, left)
+            missed = []
+            for position, hit in zip(left, found, strict=True):
+                if hit:
+                    hits[position] = True
+                    served[position] = index
+                else:
+                    missed.append(position)
+            self._count_hits(index, len(left) - len(missed))
+            left = missed
+        later = [i for i in range(count) if hits[i] and served[i] > 0]
+        if later:
+            admitted = self._promotion.admit([keys[i] for i in later])
+            for index in range(1, len(self._tiers)):
+                chosen = [
+                    i for i, ok in zip(later, admitted, strict=True) if ok and served[i] == index
+                ]
+                if chosen:
+                    self._promote(index, len(chosen), _bound(write, chosen))
+        return hits
+
+    def _promote(
+        self, served_by: int, count: int, write: Callable[[StorageBackend], list[bool]]
+    ) -> None:
+        """Store ``count`` pages tier ``served_by`` served into each earlier tier that can."""
+        now = time.monotonic()
+        for tier in self._tiers[:served_by]:
+            with self._lock:
+                if now < tier.promote_from:
+                    tier.promotion_shed += count
+                    continue
+            stored = write(tier.backend)
+            with self._lock:
+                tier.promoted += sum(stored)
+                tier.promotion_failed += len(stored) - sum(stored)
+                if all(stored):
+                    tier.backoff_s = 0.0
+                else:
+                    low, high = PROMOTION_BACKOFF_S
+                    tier.backoff_s = min(high, tier.backoff_s * 2 if tier.backoff_s else low)
+                    tier.promote_from = time.monotonic() + tier.backoff_s
+
+    def _count_hits(self, index: int, count: int) -> None:
+        if count:
+            with self._lock:
+                self._tiers[index].hits += count
+
+    # -- writes -----------------------------------------------------------------------------------
+
+    def set(self, key: str, value: Buffer) -> bool:
+        """Store ``value`` in the tiers as the write policy says; True if any tier holds it."""
+        return self.batch_set([key], [value])[0]
+
+    def batch_set(self, keys: Sequence[str], values: Sequence[Buffer]) -> list[bool]:
+        """Store each value as the write policy says; per key, whether some tier holds it."""
+        if len(keys) != len(values):
+            return super().batch_set(keys, values)  # the base class names the mismatch
+        sizes = [len(as_readable(value)) for value in values]
+        return self._write(
+            len(keys),
+            lambda t, picked: t.batch_set([keys[i] for i in picked], [values[i] for i in picked]),
+            keys,
+            sizes,
+        )
+
+    def batch_set_v1(
+        self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
+    ) -> list[bool]:
+        """Store each key's page of the host pool as the write policy says."""
+        self.page_views(keys, host_indices)
+        pool = self.host_pool
+        return self._write(
+            len(keys),
+            lambda t, picked: t.batch_set_v1(
+                [keys[i] for i in picked], _pages_of(host_indices, picked, pool.page_size)
+            ),
+            keys,
+            [pool.page_nbytes] * len(keys),
+        )
+
+    def _write(
+        self,
+        count: int,
+        write: Callable[[StorageBackend, list[int]], list[bool]],
+        keys: Sequence[str],
+        sizes: list[int],
+    ) -> list[bool]:
+        """Write positions ``0..count`` by the write policy; per position, whether stored."""
+        if self._behind is None:
+            return TURNS.write(keys, lambda picked: self._write_through(picked, write))
+        everything = list(range(count))
+        first = write(self._tiers[0].backend, everything)
+        kept = [i for i in everything if first[i]]
+        if kept:
+            self._behind.offer([keys[i] for i in kept], [sizes[i] for i in kept])
+        lost = [i for i in everything if not first[i]]
+        stored = list(first)
+        if lost:
+            runs = [_Beside(functools.partial(write, t.backend, lost)) for t in self._tiers[1:]]
+            for run in runs:
+                for position, ok in zip(lost, run.result(), strict=True):
+                    stored[position] = stored[position] or ok
+        return stored
+
+    def _write_through(
+        self, picked: list[int], write: Callable[[StorageBackend, list[int]], list[bool]]
+    ) -> list[bool]:
+        """Store positions ``picked`` in every tier at once; per position, whether any holds it."""
+        later = [_Beside(functools.partial(write, t.backend, picked)) for t in self._tiers[1:]]
+        results = [write(self._tiers[0].backend, picked)]
+        results += [run.result() for run in later]
+        return [any(column) for column in zip(*results, strict=True)]
+
+    # -- housekeeping -----------------------------------------------------------------------------
+
+    def register_host_pool(self, pool: HostPool) -> None:
+        """Register ``pool`` with the chain and every tier."""
+        super().register_host_pool(pool)
+        for tier in self._tiers:
+            tier.backend.register_host_pool(pool)
+
+    def delete(self, key: str) -> bool:
+        """Remove ``key`` from every tier; return whether any held it."""
+        if not self.capabilities.delete:
+            raise UnsupportedOperationError("a tier of this chain cannot delete")
+        with self._quiet_behind([key]):
+            found = [tier.backend.delete(key) for tier in self._tiers]
+        return any(found)
+
+    def clear(self) -> None:
+        """Clear every tier (pages still queued for later tiers are dropped first)."""
+        with self._quiet_behind(None):
+            for tier in self._tiers:
+                tier.backend.clear()
+
+    def _quiet_behind(self, keys: list[str] | None) -> Any:
+        """Hold write-behind still (and unqueue ``keys``, or all) while pages are removed."""
+        if self._behind is None:
+            return contextlib.nullcontext()
+        return self._behind.paused(keys)
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until queued write-behind pages reached the later tiers; return whether all did."""
+        if self._behind is None:
+            return True
+        wait = self._config.drain_timeout_s if timeout_s is None else timeout_s
+        return self._behind.flush(wait)
+
+    def stats(self) -> dict[str, Any]:
+        """Per tier: its hits, promotions into it, and its own stats; write-behind's counts."""
+        with self._lock:
+            tiers = [
+                {
+                    "backend": tier.name,
+                    "hits": tier.hits,
+                    "promoted": tier.promoted,
+                    "promotion_failed": tier.promotion_failed,
+                    "promotion_shed": tier.promotion_shed,
+                }
+                for tier in self._tiers
+            ]
+        for entry, tier in zip(tiers, self._tiers, strict=True):
+            entry["stats"] = tier.backend.stats()
+        out: dict[str, Any] = {
+            "backend": self.name,
+            "write_policy": self._config.write_policy,
+            "tiers": tiers,
+        }
+        if self._behind is not None:
+            out["write_behind"] = self._behind.stats()
+        return out
+
+    def _close(self) -> None:
+        if self._behind is not None:
+            self._behind.close(self._config.drain_timeout_s)
+        self._close_tiers()
+
+    def _close_tiers(self) -> None:
+        for tier in self._tiers:
+            tier.backend.close()
+
+
+def _bound(
+    write: Callable[[StorageBackend, list[int]], list[bool]], picked: list[int]
+) -> Callable[[StorageBackend], list[bool]]:
+    """Return ``write`` of positions ``picked``, given only the tier."""
+    return lambda tier: write(tier, picked)
+
+
+def _setter(keys: list[str], values: list[Buffer]) -> Callable[[StorageBackend], list[bool]]:
+    """Return a call storing ``values`` under ``keys`` in the tier it is given."""
+    return lambda tier: tier.batch_set(keys, values)
+
+
+def _pages_of(host_indices: torch.Tensor | Sequence[int], picked: list[int], page_size: int) -> Any:
+    """Return the host indices of pages ``picked`` (``page_size`` entries each), same type."""
+    if isinstance(host_indices, (list, tuple)):
+        return [
+            index for i in picked for index in host_indices[i * page_size : (i + 1) * page_size]
+        ]
+    return host_indices.reshape(-1, page_size)[picked].reshape(-1)  # type: ignore[union-attr]
