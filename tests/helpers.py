@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -166,3 +168,17 @@ def builtin_backends() -> list[str]:
     return sorted(
         name for name in registered_backends() if (origin := origin_of(name)) and origin.builtin
     )
+
+
+@contextlib.contextmanager
+def tmpfs(mount: Path, size: str = "1m") -> Iterator[Path]:
+    """Mount a real tmpfs of ``size`` at ``mount`` (root only, as CI runs): a disk that fills.
+
+    Writes past it fail with ENOSPC; ``mount -o remount,ro`` makes it fail with EROFS.
+    """
+    mount.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)

@@ -120,6 +120,10 @@ logger = logging.getLogger(__name__)
 BASELINE_DIR = ".raw-baseline"
 """Directory under ``root`` reserved for :class:`~.baseline.RawDiskBaseline`; never scanned."""
 
+FLOOR_SHARE = 100
+"""The default free-space floor is the file system's size divided by this (1 %): see
+:attr:`~.config.FileConfig.min_free_bytes`."""
+
 _MISSING = (FileNotFoundError, NotADirectoryError)
 _MISSING_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR})
 _META_LIMIT = 1 << 18
@@ -223,7 +227,13 @@ class FileBackend(StorageBackend):
         self._meta_ttl = config.metadata_ttl_s
         self._meta: dict[str, tuple[int, float]] = {}
         self._meta_lock = threading.Lock()
-        self._capacity = LRUCapacity(config.max_bytes, config.low_watermark, self._evict_file)
+        self._capacity = LRUCapacity(
+            config.max_bytes,
+            config.low_watermark,
+            self._evict_file,
+            free_bytes=self._free_bytes,
+            min_free_bytes=self._floor(config.min_free_bytes),
+        )
         self._record = RECORD_BYTES if config.use_integrity else 0
         self._failures: Counter[str] = Counter()
         self._read_errors = 0
@@ -661,6 +671,8 @@ class FileBackend(StorageBackend):
             bytes=capacity["bytes"],
             reserved_bytes=capacity["reserved_bytes"],
             max_bytes=capacity["max_bytes"],
+            min_free_bytes=capacity["min_free_bytes"],
+            free_bytes=self._free_bytes(),
             evictions=capacity["evictions"],
             evicted_bytes=capacity["evicted_bytes"],
             integrity=bool(self._record),
@@ -671,6 +683,27 @@ class FileBackend(StorageBackend):
             stats["read_errors"] = self._read_errors
             stats["unlisted_dirs"] = sorted(self._unlisted)
         return stats
+
+    def _free_bytes(self) -> int:
+        """Bytes free to this process on the file system under ``root`` (0 if unknown)."""
+        try:
+            info = os.statvfs(self.root)
+        except OSError:
+            return 0
+        return info.f_bavail * info.f_frsize
+
+    def _floor(self, configured: int | None) -> int:
+        """Return the free-space floor: as configured, else 1 % of the file system."""
+        if configured is not None:
+            return configured
+        probe = self.root
+        while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+            probe = os.path.dirname(probe)
+        try:
+            info = os.statvfs(probe)
+        except OSError:
+            return 0
+        return info.f_blocks * info.f_frsize // FLOOR_SHARE
 
     def _close(self) -> None:
         self._io.close()

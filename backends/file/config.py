@@ -54,6 +54,13 @@ class FileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     low_watermark
         Fraction of ``max_bytes`` that eviction frees down to, so that evictions come in
         batches rather than one per write.
+    min_free_bytes
+        Free space the file system under ``root`` keeps, whatever ``max_bytes`` says: a write
+        that would leave less evicts this instance's least recently used objects first (or is
+        not stored when they are too few). ``None`` (the default) keeps 1 % of the file
+        system's size free: room for the host's other writers (logs, the engine's own files)
+        in proportion to the disk, where a disk filled to the last block fails every writer on
+        it. 0 turns the floor off.
     ownership
         ``"all"``: this instance owns every object under ``root`` (its index, eviction and
         ``clear`` cover them all). ``"rank"``: it owns only the keys its deployment's key scheme
@@ -90,6 +97,7 @@ class FileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     metadata_ttl_s: float = 5.0
     max_bytes: int | None = None
     low_watermark: float = 0.9
+    min_free_bytes: int | None = None
     ownership: Literal["all", "rank"] = "all"
     stale_temp_s: float = 600.0
     integrity: bool | None = None
@@ -124,6 +132,8 @@ class FileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         check_seconds("stale_temp_s", self.stale_temp_s, allow_zero=True, maximum=MAX_TTL_S)
         if self.max_bytes is not None:
             check_bytes("max_bytes", self.max_bytes)
+        if self.min_free_bytes is not None:
+            check_bytes("min_free_bytes", self.min_free_bytes, minimum=0)
         low = self.low_watermark
         if isinstance(low, bool) or not isinstance(low, (int, float)):
             raise TypeError(f"low_watermark must be a number, got {type(low).__name__}")

@@ -37,6 +37,12 @@ class LRUCapacity:
     remove
         Called with each evicted key, without the lock held; it deletes the object and should
         not raise.
+    free_bytes
+        Returns the bytes free on the medium now; with ``min_free_bytes``, a write must leave
+        at least that many free (counting the writes in flight as written), and old objects
+        are evicted to make room, whatever ``max_bytes`` says (with no ``max_bytes`` too).
+    min_free_bytes
+        The free-space floor ``free_bytes`` is held above; 0 turns it off.
     """
 
     def __init__(
@@ -44,6 +50,9 @@ class LRUCapacity:
         max_bytes: int | None,
         low_watermark: float = 0.9,
         remove: Callable[[str], None] | None = None,
+        *,
+        free_bytes: Callable[[], int] | None = None,
+        min_free_bytes: int = 0,
     ) -> None:
         if max_bytes is not None and max_bytes <= 0:
             raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
@@ -51,6 +60,8 @@ class LRUCapacity:
             raise ValueError(f"low_watermark must be within (0, 1), got {low_watermark}")
         self.max_bytes = max_bytes
         self.low_watermark = low_watermark
+        self.min_free_bytes = min_free_bytes if free_bytes is not None else 0
+        self._free_bytes = free_bytes
         self._remove = remove
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
@@ -148,12 +159,13 @@ class LRUCapacity:
                     self._used -= size
 
     def enforce(self) -> int:
-        """Evict down to the low watermark if usage exceeds ``max_bytes``; return evictions."""
+        """Evict down to the low watermark if usage exceeds the limit; return evictions."""
         with self._lock:
             total = self._used + self._reserved + self._evicting
-            if self.max_bytes is None or total <= self.max_bytes:
+            limit = self._limit()
+            if limit is None or total <= limit:
                 return 0
-            excess = total - int(self.max_bytes * self.low_watermark)
+            excess = total - int(limit * self.low_watermark)
             victims = self._detach(self._pick(excess)[0])
         self._remove_all(victims)
         return len(victims)
@@ -198,6 +210,7 @@ class LRUCapacity:
                 "reserved_bytes": self._reserved,
                 "evicting_bytes": self._evicting,
                 "max_bytes": self.max_bytes,
+                "min_free_bytes": self.min_free_bytes,
                 "evictions": self._evictions,
                 "evicted_bytes": self._evicted_bytes,
             }
@@ -212,12 +225,12 @@ class LRUCapacity:
 
     def _claim(self, nbytes: int) -> list[tuple[str, int]] | None:
         """Make ``nbytes`` fit: return the objects to remove first, or None if it cannot fit."""
-        limit = self.max_bytes
-        if limit is None:
-            return []
-        if nbytes > limit:
-            return None
         while True:
+            limit = self._limit()
+            if limit is None:
+                return []
+            if nbytes > limit:
+                return None
             if self._used + self._reserved + self._evicting + nbytes <= limit:
                 return []
             if self._evicting:  # another writer is freeing room: wait for it, then look again
@@ -228,6 +241,18 @@ class LRUCapacity:
             if self._used + self._reserved + nbytes - freed > limit:
                 return None  # evicting every unpinned object would not be enough
             return self._detach(victims)
+
+    def _limit(self) -> int | None:
+        """Return the bytes the owned objects may take now: ``max_bytes``, lowered by the floor.
+
+        With a floor, the objects may grow by what is free beyond it: ``used + free - floor``.
+        Bytes reserved or being evicted count as taken, so writes in flight are never promised
+        the same free space twice.
+        """
+        if self._free_bytes is None or self.min_free_bytes == 0:
+            return self.max_bytes
+        room = self._used + self._evicting + self._free_bytes() - self.min_free_bytes
+        return max(0, room) if self.max_bytes is None else max(0, min(self.max_bytes, room))
 
     def _pick(self, excess: int) -> tuple[list[str], int]:
         """Choose unpinned objects, oldest first, until ``excess`` bytes are covered."""

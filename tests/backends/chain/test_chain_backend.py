@@ -22,7 +22,7 @@ from hicache_storage.config import convert
 from hicache_storage.errors import ConfigError, UnknownBackendError
 from hicache_storage.hostpool import MHAHostPool
 
-from ...helpers import assert_conforms, passing_suite
+from ...helpers import assert_conforms, passing_suite, tmpfs
 
 PAGE = 4
 VALUE = 4096
@@ -256,13 +256,8 @@ def test_a_slow_later_tier_is_not_asked_for_pages_held_near(near: Path, far: Pat
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A real 1 MiB tmpfs: writes past it fail with ENOSPC, remounted read-only with EROFS."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
-    try:
+    with tmpfs(tmp_path / "small") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
 def test_a_full_local_disk_never_loses_a_write(small_disk: Path, far: Path) -> None:

@@ -169,3 +169,30 @@ def test_bound_holds_under_concurrency() -> None:
     assert cap.used == disk[0] == sum(sizes.values())
     assert cap.reserved == cap.evicting == 0
     assert cap.stats()["evictions"] > 0
+
+
+def test_a_free_space_floor_evicts_old_objects_whatever_max_bytes_says() -> None:
+    disk = {"free": 10_000}
+    removed: list[str] = []
+
+    def remove(key: str) -> None:
+        removed.append(key)
+        disk["free"] += 1000
+
+    cap = LRUCapacity(None, 0.5, remove, free_bytes=lambda: disk["free"], min_free_bytes=4000)
+    for i in range(6):  # 6,000 bytes fit above the floor
+        assert cap.reserve(1000, f"k{i}")
+        disk["free"] -= 1000
+        cap.commit(f"k{i}", 1000)
+    assert removed == [] and disk["free"] == 4000
+    assert cap.reserve(1000, "k6")  # past the floor: the oldest go first, in a batch
+    assert removed[0] == "k0" and disk["free"] - 1000 >= 4000
+    assert cap.stats()["min_free_bytes"] == 4000
+
+
+def test_a_floor_that_nothing_evictable_can_meet_refuses_the_write() -> None:
+    cap = LRUCapacity(None, 0.5, None, free_bytes=lambda: 4500, min_free_bytes=4000)
+    assert cap.reserve(400, "a")
+    assert not cap.reserve(400, "b")  # 500 free above the floor, 400 already promised
+    cap.abort(400, "a")
+    assert cap.reserve(400, "b")
