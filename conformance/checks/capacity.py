@@ -185,6 +185,68 @@ class TestBounded:
             cleanup(hicache_factory, instance, k)
         assert not problems, f"{len(problems)} bad reads racing eviction; first: {problems[0]}"
 
+    @requires("bounded")
+    def test_bound_holds_under_concurrent_writers(
+        self, backend: StorageBackend, hicache_factory: BackendFactory, k: Keyspace
+    ) -> None:
+        """8 writers overfill the bound together; ``stats()['bytes']`` never passes it.
+
+        A watcher reads ``stats()`` while they write: writers that each check the bound and
+        then write can pass it together, which one writer at a time never shows. Each writer's
+        last value, where it is still stored, reads back whole.
+        """
+        bound = _bound_of(backend, hicache_factory)
+        assert bound is not None, "a bounded backend must report max_bytes in stats() or options"
+        if bound > 64 * MiB:
+            pytest.skip(f"bound of {bound} bytes is too large to overfill quickly")
+        writers, chunk = 8, max(1, min(bound // 16, MiB))
+        rounds = max(2 * bound // (chunk * writers), 4)
+        problems: list[str] = []
+        lock = threading.Lock()
+        done = threading.Event()
+        last: dict[int, str] = {}
+
+        def write(w: int) -> None:
+            for i in range(rounds):
+                key = k(f"cb{w}-{i}")
+                if backend.set(key, make_value(key, chunk)):
+                    last[w] = key
+
+        def watch(_: int) -> None:
+            while not done.is_set():
+                usage = _stat_int(backend.stats(), "bytes")
+                if usage > bound:
+                    with lock:
+                        problems.append(f"stats()['bytes'] was {usage}, over max_bytes {bound}")
+                    return
+
+        def run(fn: Any, i: int) -> None:
+            try:
+                fn(i)
+            except BaseException as exc:  # noqa: BLE001 - reported as a problem
+                with lock:
+                    problems.append(f"{fn.__name__} {i} raised {type(exc).__name__}: {exc}")
+
+        watcher = threading.Thread(target=run, args=(watch, 0))
+        threads = [threading.Thread(target=run, args=(write, w)) for w in range(writers)]
+        watcher.start()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        done.set()
+        watcher.join(timeout=30)
+        assert not problems, f"{len(problems)} problems while 8 writers filled: {problems[0]}"
+        usage = _stat_int(backend.stats(), "bytes")
+        assert usage <= bound, f"after 8 writers: stats()['bytes'] {usage} over {bound}"
+        for w, key in last.items():
+            value = backend.get(key)
+            if value is not None:
+                assert _bytes(value) == make_value(key, chunk), (
+                    f"writer {w}'s last value {key!r} read back as other bytes"
+                )
+        cleanup(hicache_factory, backend, k)
+
 
 class TestDelete:
     """``delete`` removes a key, reports whether it existed, and frees it for a new value."""
