@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final
 
 from typing_extensions import Buffer
 
@@ -36,6 +35,7 @@ from hicache_storage.config import Deployment
 from hicache_storage.errors import UnsupportedOperationError
 from hicache_storage.factory import create_backend
 from hicache_storage.kit import closed_guard
+from hicache_storage.kit.parallel import Beside
 
 from .behind import WriteBehind
 from .config import ChainConfig
@@ -46,8 +46,6 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["ChainBackend", "ChainConfig", "chain_capabilities"]
-
-T = TypeVar("T")
 
 TURNS: Final = KeyTurns()
 """The keys being written through any chain of this process (see :mod:`.turns`)."""
@@ -95,29 +93,6 @@ class _Tier:
     promotion_shed: int = 0
     backoff_s: float = 0.0
     promote_from: float = 0.0
-
-
-class _Beside:
-    """``fn()`` run on a thread of its own; :meth:`result` joins it (none outlives the call)."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self._fn = fn
-        self._outcome: tuple[bool, Any] = (False, None)
-        self._thread = threading.Thread(target=self._run, name="hicache-chain-tier", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._outcome = (True, self._fn())
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller by result()
-            self._outcome = (False, exc)
-
-    def result(self) -> Any:
-        self._thread.join()
-        ok, value = self._outcome
-        if not ok:
-            raise value
-        return value
 
 
 @closed_guard
@@ -338,7 +313,9 @@ class ChainBackend(StorageBackend):
         lost = [i for i in everything if not first[i]]
         stored = list(first)
         if lost:
-            runs = [_Beside(functools.partial(write, t.backend, lost)) for t in self._tiers[1:]]
+            runs = [
+                Beside(write, t.backend, lost, name="hicache-chain-tier") for t in self._tiers[1:]
+            ]
             for run in runs:
                 for position, ok in zip(lost, run.result(), strict=True):
                     stored[position] = stored[position] or ok
@@ -348,7 +325,9 @@ class ChainBackend(StorageBackend):
         self, picked: list[int], write: Callable[[StorageBackend, list[int]], list[bool]]
     ) -> list[bool]:
         """Store positions ``picked`` in every tier at once; per position, whether any holds it."""
-        later = [_Beside(functools.partial(write, t.backend, picked)) for t in self._tiers[1:]]
+        later = [
+            Beside(write, t.backend, picked, name="hicache-chain-tier") for t in self._tiers[1:]
+        ]
         results = [write(self._tiers[0].backend, picked)]
         results += [run.result() for run in later]
         return [any(column) for column in zip(*results, strict=True)]

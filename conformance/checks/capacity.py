@@ -38,6 +38,15 @@ def _stat_int(stats: dict[str, Any], name: str) -> int:
     return value
 
 
+def _reporting(fn: Any, i: int, problems: list[str], lock: threading.Lock) -> None:
+    """Run ``fn(i)`` on a check's thread; what it raises becomes one of the check's problems."""
+    try:
+        fn(i)
+    except BaseException as exc:  # noqa: BLE001 - reported as a problem
+        with lock:
+            problems.append(f"{fn.__name__} {i} raised {type(exc).__name__}: {exc}")
+
+
 class TestBounded:
     """Usage stays under the configured bound while recent values stay readable."""
 
@@ -168,10 +177,7 @@ class TestBounded:
 
             def run(fn: Any, i: int) -> None:
                 try:
-                    fn(i)
-                except BaseException as exc:  # noqa: BLE001 - reported as a problem
-                    with lock:
-                        problems.append(f"{fn.__name__} {i} raised {type(exc).__name__}: {exc}")
+                    _reporting(fn, i, problems, lock)
                 finally:
                     if fn is writer:
                         stop.set()
@@ -220,15 +226,11 @@ class TestBounded:
                         problems.append(f"stats()['bytes'] was {usage}, over max_bytes {bound}")
                     return
 
-        def run(fn: Any, i: int) -> None:
-            try:
-                fn(i)
-            except BaseException as exc:  # noqa: BLE001 - reported as a problem
-                with lock:
-                    problems.append(f"{fn.__name__} {i} raised {type(exc).__name__}: {exc}")
-
-        watcher = threading.Thread(target=run, args=(watch, 0))
-        threads = [threading.Thread(target=run, args=(write, w)) for w in range(writers)]
+        watcher = threading.Thread(target=_reporting, args=(watch, 0, problems, lock))
+        threads = [
+            threading.Thread(target=_reporting, args=(write, w, problems, lock))
+            for w in range(writers)
+        ]
         watcher.start()
         for thread in threads:
             thread.start()

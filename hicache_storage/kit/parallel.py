@@ -24,12 +24,12 @@ import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
 
 from hicache_storage.errors import BackendClosedError
 from hicache_storage.kit.options import positive_int
 
-__all__ = ["IOWorkers"]
+__all__ = ["Beside", "IOWorkers"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -127,3 +127,32 @@ class IOWorkers:
                     self.threads, thread_name_prefix=self.name
                 )
             return self._pool
+
+
+class Beside(Generic[T]):
+    """``fn(*args)`` run on a thread of its own while the caller goes on.
+
+    A thread per call, not a pool: the work waits on a store, so a pool sized by cores would
+    queue the calls of many engine threads behind each other, each waiting out a slow store in
+    turn. :meth:`result` joins the thread, so none outlives the call that started it.
+    """
+
+    def __init__(self, fn: Callable[..., T], *args: Any, name: str = "hicache-beside") -> None:
+        self._outcome: tuple[bool, Any] = (False, None)
+        self._thread = threading.Thread(target=self._run, args=(fn, args), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[..., T], args: tuple[Any, ...]) -> None:
+        try:
+            self._outcome = (True, fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - raised again by result()
+            self._outcome = (False, exc)
+
+    def result(self) -> T:
+        """Wait for the thread; return what ``fn`` returned or raise what it raised."""
+        self._thread.join()
+        done, value = self._outcome
+        if not done:
+            raise value
+        result: T = value
+        return result

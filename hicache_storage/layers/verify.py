@@ -31,12 +31,12 @@ import hashlib
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
 
 from hicache_storage.errors import BackendError
 from hicache_storage.kit.integrity import RECORD_BYTES, seal, verify
-from hicache_storage.kit.parallel import IOWorkers
+from hicache_storage.kit.parallel import Beside, IOWorkers
 
 from .base import ForwardingBackend
 
@@ -46,8 +46,6 @@ if TYPE_CHECKING:
     from ..backend import StorageBackend
 
 __all__ = ["DISTRUSTED_KEYS", "RECORD_PREFIX", "VerifyLayer", "record_key"]
-
-T = TypeVar("T")
 
 DISTRUSTED_KEYS: Final = 65536
 """Keys a process remembers as distrusted (oldest forgotten first): a bound on memory, a few MB,
@@ -61,37 +59,6 @@ CHECKSUM_THREADS: Final = min(16, os.cpu_count() or 1)
 """Pages checksummed at once: CRC32C releases the GIL on large buffers, so the pages of a batch
 are summed in parallel, on as many threads as cores (at most the sixteen that saturate a host's
 memory bandwidth, see :mod:`hicache_storage.kit.parallel`)."""
-
-
-class _Beside(Generic[T]):
-    """``fn(*args)`` run on a thread of its own while the caller goes on.
-
-    A thread per call, not a pool: the work waits on the store (or on the checksum threads), so
-    a pool sized by cores would queue the calls of many engine threads behind each other, each
-    waiting out a slow store in turn. :meth:`result` joins the thread, so none outlives the call.
-    """
-
-    def __init__(self, fn: Callable[..., T], *args: Any) -> None:
-        self._outcome: tuple[bool, Any] = (False, None)
-        self._thread = threading.Thread(
-            target=self._run, args=(fn, args), name="hicache-verify-beside", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self, fn: Callable[..., T], args: tuple[Any, ...]) -> None:
-        try:
-            self._outcome = (True, fn(*args))
-        except BaseException as exc:  # noqa: BLE001 - raised again by result()
-            self._outcome = (False, exc)
-
-    def result(self) -> T:
-        """Wait for the thread; return what ``fn`` returned or raise what it raised."""
-        self._thread.join()
-        done, value = self._outcome
-        if not done:
-            raise value
-        result: T = value
-        return result
 
 
 def record_key(key: str) -> str:
@@ -124,7 +91,12 @@ class VerifyLayer(ForwardingBackend):
         if self._foreign:
             return self.inner.batch_set_v1(keys, host_indices)
         views = self.inner.host_pool.page_buffer_views(host_indices)
-        sealing = _Beside(self._workers.map, lambda i: seal(keys[i], views[i]), range(len(keys)))
+        sealing = Beside(
+            self._workers.map,
+            lambda i: seal(keys[i], views[i]),
+            range(len(keys)),
+            name="hicache-verify-beside",
+        )
         try:
             stored = list(self.inner.batch_set_v1(keys, host_indices))
         finally:
@@ -166,7 +138,12 @@ class VerifyLayer(ForwardingBackend):
         with self._lock:
             trusted = [i for i in range(len(keys)) if keys[i] not in self._distrusted]
         records = [bytearray(RECORD_BYTES) for _ in trusted]
-        fetching = _Beside(self.inner.batch_get, [record_key(keys[i]) for i in trusted], records)
+        fetching = Beside(
+            self.inner.batch_get,
+            [record_key(keys[i]) for i in trusted],
+            records,
+            name="hicache-verify-beside",
+        )
         try:
             hits = list(self.inner.batch_get_v1(keys, host_indices))
         finally:
