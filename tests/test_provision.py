@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +94,39 @@ def test_process_that_dies_reports_its_log(tmp_path: Path) -> None:
     with pytest.raises(BackendUnavailableError, match="boom: bad flag"):
         service.start()
     service.stop()
+
+
+def test_a_stopped_service_keeps_its_port_until_it_starts(tmp_path: Path) -> None:
+    port = free_port()
+    with http_service(tmp_path, port) as service:
+        service.stop()
+        assert not port_open(port)
+        with socket.socket() as other, pytest.raises(OSError):
+            other.bind(("127.0.0.1", port))
+        service.start()
+        assert port_open(port) and service.running()
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", port))
+
+
+def test_a_port_another_process_opened_is_not_the_server_up(tmp_path: Path) -> None:
+    port = free_port()
+    argv = [sys.executable, "-c", "import sys; print('cannot bind'); sys.exit(1)"]
+    state = ServiceState(
+        backend="memory",
+        options={},
+        processes=[ProcessSpec(name="loser", argv=argv, ports=[port])],
+        workdir=str(tmp_path),
+        start_timeout_s=10,
+    )
+    service = LocalService(state, tmp_path / "state.json")
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        with pytest.raises(BackendUnavailableError, match="another process holds it"):
+            service.start()
+    service.stop()
+    service.release_ports()
 
 
 def test_failed_start_in_a_with_block_stops_what_it_started(tmp_path: Path) -> None:

@@ -86,8 +86,12 @@ def _http_get(url: str) -> tuple[int, str]:
 
 
 def _metrics(service: LocalService) -> str:
-    """Return ``host:port`` of the master's HTTP metrics (its process's second port)."""
-    return f"127.0.0.1:{service.state.processes[0].ports[1]}"
+    """Return ``host:port`` of the master's HTTP metrics.
+
+    The master's second port; a holder names its master's in its options.
+    """
+    metrics = service.options.get("metrics")
+    return str(metrics) if metrics else f"127.0.0.1:{service.state.processes[0].ports[1]}"
 
 
 def master_ready(service: LocalService, deadline: float) -> None:
@@ -169,12 +173,10 @@ def holder_service(
         "-protocol=tcp",
         "-logtostderr=true",
     ]
-    metrics = master.state.processes[0].ports[1]
     state = ServiceState(
         backend=HOLDER_BACKEND,
-        options={"master": master.options["master"]},
-        # The master's metrics port rides along as a second port: holder_ready reads it.
-        processes=[ProcessSpec(name="holder", argv=argv, ports=[port, metrics])],
+        options={"master": master.options["master"], "metrics": _metrics(master)},
+        processes=[ProcessSpec(name="holder", argv=argv, ports=[port])],
         workdir=str(root),
         ready=f"{__name__}:holder_ready",
         start_timeout_s=30.0,

@@ -26,6 +26,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -88,6 +89,18 @@ class PausableServerControl(ServerControl, Protocol):
 
 _STOP_GRACE_S = 10.0
 
+_RESERVED: dict[int, socket.socket] = {}
+"""Ports of services this process stopped, bound but not listening until the service starts again.
+
+While a server is down its port is free, and any process may take it: a test worker's
+:func:`free_port`, an engine's own listener, the kernel's next outgoing connection. The restart
+would then fail, or meet the other process's listener and believe it up. A bound socket that
+does not listen refuses connections as a stopped server does, and neither ``bind(0)`` nor an
+outgoing connection picks a port that one holds.
+"""
+
+_RESERVED_LOCK = threading.Lock()
+
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 """Servers this process started, kept for the life of the process so that they are reaped when
 they exit and never garbage-collected while they run (whichever service object started them)."""
@@ -140,6 +153,29 @@ def _bindable(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def _reserve(port: int) -> None:
+    """Hold ``port`` on 127.0.0.1 without listening (see :data:`_RESERVED`); best effort."""
+    with _RESERVED_LOCK:
+        if port in _RESERVED:
+            return
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            sock.close()
+            return
+        _RESERVED[port] = sock
+
+
+def _release(port: int) -> None:
+    """Give back a port :func:`_reserve` held, so the server can bind it."""
+    with _RESERVED_LOCK:
+        sock = _RESERVED.pop(port, None)
+    if sock is not None:
+        sock.close()
 
 
 def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.2) -> bool:
@@ -245,13 +281,18 @@ class LocalService:
         try:
             for process in self.state.processes:
                 if not _runs(process):
+                    for port in process.ports:
+                        _release(port)
                     self._spawn(process)
             self._save()
             for process in self.state.processes:
                 for port in process.ports:
                     self._wait_port(process, port, deadline)
             if self.state.ready:
-                _resolve(self.state.ready)(self, deadline)
+                try:
+                    _resolve(self.state.ready)(self, deadline)
+                except BackendUnavailableError as exc:
+                    raise self._exited(exc) from exc
         except BaseException:
             self._save()
             raise
@@ -283,7 +324,12 @@ class LocalService:
         self.start()
 
     def stop(self) -> None:
-        """Stop every process by PID: SIGTERM, then SIGKILL after a grace period."""
+        """Stop every process by PID: SIGTERM, then SIGKILL after a grace period.
+
+        The ports stay held by this process (bound, not listening: connections are refused)
+        until :meth:`start`, so no other process takes them meanwhile; leaving the ``with``
+        block gives them back.
+        """
         self._refresh()
         for pid in self.state.paused:
             _signal_group(pid, signal.SIGCONT)
@@ -305,7 +351,15 @@ class LocalService:
                     time.sleep(0.05)
         for process in self.state.processes:
             process.pid = None
+            for port in process.ports:
+                _reserve(port)
         self._save()
+
+    def release_ports(self) -> None:
+        """Give back the ports :meth:`stop` held; the service will not start again."""
+        for process in self.state.processes:
+            for port in process.ports:
+                _release(port)
 
     def __enter__(self) -> Self:
         try:
@@ -322,6 +376,7 @@ class LocalService:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+        self.release_ports()
 
     def _spawn(self, process: ProcessSpec) -> None:
         workdir = Path(self.state.workdir)
@@ -345,18 +400,38 @@ class LocalService:
         process.pid = child.pid
 
     def _wait_port(self, process: ProcessSpec, port: int, deadline: float) -> None:
-        while not port_open(port):
+        """Wait until ``port`` accepts connections while ``process`` runs.
+
+        A port that opens after the process exited belongs to someone else.
+        """
+        while True:
+            opened = port_open(port)
             if process.pid is None or not self._reap(process.pid):
                 raise BackendUnavailableError(
-                    f"{process.name} exited before opening port {port}; "
+                    f"{process.name} exited before opening port {port}"
+                    f"{' (another process holds it)' if opened else ''}; "
                     f"log {self.log(process.name)}:\n{self._tail(process.name)}"
                 )
+            if opened and _listens(process.pid, port):
+                return
             if time.monotonic() > deadline:
                 raise BackendUnavailableError(
                     f"{process.name} did not open port {port} within "
-                    f"{self.state.start_timeout_s:g}s; log {self.log(process.name)}"
+                    f"{self.state.start_timeout_s:g}s"
+                    f"{' (another process holds it)' if opened else ''}; "
+                    f"log {self.log(process.name)}"
                 )
             time.sleep(0.05)
+
+    def _exited(self, error: BackendUnavailableError) -> BackendUnavailableError:
+        """Name a process that exited in ``error``, with its log, when one has."""
+        for process in self.state.processes:
+            if process.pid is None or not self._reap(process.pid):
+                return BackendUnavailableError(
+                    f"{error}; {process.name} exited: log {self.log(process.name)}:\n"
+                    f"{self._tail(process.name)}"
+                )
+        return error
 
     def _reap(self, pid: int) -> bool:
         """Return whether ``pid`` still runs, collecting it if it is our exited child."""
@@ -435,6 +510,50 @@ def _group(pgid: int) -> list[Path]:
         except (OSError, IndexError, ValueError):
             continue
     return members
+
+
+_TCP_LISTEN = "0A"
+"""The state column of a listening socket in ``/proc/net/tcp``."""
+
+
+def _listening_inodes(port: int) -> set[str] | None:
+    """Return the inodes of sockets listening on TCP ``port``; None where ``/proc`` cannot tell."""
+    inodes: set[str] = set()
+    readable = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for row in rows:
+            fields = row.split()
+            listening = len(fields) > 9 and fields[3] == _TCP_LISTEN
+            if listening and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes if readable else None
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Return whether process group ``pid`` holds the socket listening on ``port``.
+
+    An open port proves nothing about whose it is: while a server starts, another process may
+    listen there. True where ``/proc`` cannot tell.
+    """
+    inodes = _listening_inodes(port)
+    if inodes is None:
+        return True
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    for entry in _group(pid):
+        try:
+            fds = list((entry / "fd").iterdir())
+        except OSError:
+            return True
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                if os.readlink(fd) in wanted:
+                    return True
+    return False
 
 
 def _running_threads(members: list[Path]) -> list[int]:
