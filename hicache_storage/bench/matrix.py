@@ -21,6 +21,7 @@ import multiprocessing
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import PurePath
 
 import msgspec
 import torch
@@ -78,7 +79,10 @@ class Cell:
     @property
     def label(self) -> str:
         """A short name for tables and progress lines."""
-        name = self.model.rsplit("/", 2)[-2] if self.model.endswith(".json") else self.model
+        name = self.model
+        if name.endswith(".json"):  # a directory's config.json is named by the directory
+            path = PurePath(name)
+            name = path.parent.name if path.name == "config.json" else path.stem
         tail = " failing store" if self.failing else ""
         return f"{name} host {self.host_ratio:g}x {self.write_policy}/{self.prefetch_policy}{tail}"
 

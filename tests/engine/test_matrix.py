@@ -26,6 +26,16 @@ def test_cells_cover_every_combination_and_a_failing_store_per_model() -> None:
     assert "failing store" in failing[0].label
 
 
+def test_a_model_file_is_labelled_by_its_name_a_config_json_by_its_directory() -> None:
+    shapes = ["scripts/models/mha-13b-20-layers.json", "/m/llama-7b/config.json", "8b"]
+    labels = [cell.label for cell in cells(shapes, [2], ["write_through"], ["adaptive"])]
+    assert [label.split(" host ")[0] for label in labels[:3]] == [
+        "mha-13b-20-layers",
+        "llama-7b",
+        "8b",
+    ]
+
+
 def test_a_cell_sets_the_host_pool_by_its_ratio_in_whole_pages() -> None:
     grid = cells(["tiny"], [0.5, 3], ["write_back"], ["timeout"])
     half, triple, failing = (cell_config(BASE, cell) for cell in grid)
