@@ -72,6 +72,12 @@ class CacheStats:
     stored nothing), ``unread`` (reading a page back costs more than computing it) or
     ``probe`` (a write measuring the store was in flight). Each was released unwritten at once,
     as a failed write is: not counted in ``backups_failed``."""
+    slots_behind_backups: int = 0
+    """Device slots a forward reused while a device→host backup still read them: the forward
+    waits on the GPU for that copy (:meth:`CopiesInFlight.release_device
+    <hicache_storage.engine.copies.CopiesInFlight.release_device>`). Where the device pool is
+    full of admitted requests, the page just released is the only room, and its backup sits in
+    front of the next forward."""
     calls_abandoned: int = 0
     """Storage threads still in a backend call when ``close`` stopped waiting for them
     (``CacheConfig.close_timeout_s``)."""

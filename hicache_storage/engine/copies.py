@@ -106,9 +106,13 @@ class CopiesInFlight:
         hit = torch.isin(torch.cat([dev for dev, _ in copies]), slots)
         sizes = [dev.numel() for dev, _ in copies]
         current = torch.cuda.current_stream(self.tiers.device_pool.device)
+        behind = 0
         for (_, fence), part in zip(copies, hit.split_with_sizes(sizes), strict=True):
-            if bool(part.any()):
+            reused = int(part.sum())
+            if reused:
                 fence.order(current)
+                behind += reused
+        self.tiers.stats.slots_behind_backups += behind
 
     def copies_into(self, slots: torch.Tensor) -> Callable[[], None] | None:
         """Return the wait for the device→host copies still in flight into ``slots`` (or None).
