@@ -24,7 +24,9 @@ from .urls import is_url, parse_backend_url
 __all__ = ["apply_layers", "create_backend", "open_backend"]
 
 
-def apply_layers(backend: StorageBackend, layers: LayerConfig | None = None) -> StorageBackend:
+def apply_layers(
+    backend: StorageBackend, layers: LayerConfig | None = None, *, tier: str = ""
+) -> StorageBackend:
     """Wrap ``backend`` in validation and then the configured stack (by default the built-ins).
 
     By default the result is ``Validation(Degrade(Health(Metrics(Verify(Faults(backend))))))``.
@@ -34,7 +36,8 @@ def apply_layers(backend: StorageBackend, layers: LayerConfig | None = None) -> 
     (and count) the infrastructure errors degrade turns into misses and the pages verify turned
     into misses, and injected faults are innermost so they look exactly like backend failures.
     :attr:`LayerConfig.stack` orders them otherwise, or adds a layer of one's own by its
-    ``"module:Class"`` path.
+    ``"module:Class"`` path. ``tier`` labels the metrics layer's series (see
+    :class:`~hicache_storage.layers.MetricsLayer`).
 
     Raises
     ------
@@ -44,18 +47,18 @@ def apply_layers(backend: StorageBackend, layers: LayerConfig | None = None) -> 
     layers = layers or LayerConfig()
     wrapped = backend
     for name in reversed(layers.layer_stack()):
-        wrapped = _layer(name, wrapped, layers)
+        wrapped = _layer(name, wrapped, layers, tier)
     return ValidationLayer(wrapped)
 
 
-def _layer(name: str, inner: StorageBackend, layers: LayerConfig) -> StorageBackend:
+def _layer(name: str, inner: StorageBackend, layers: LayerConfig, tier: str) -> StorageBackend:
     """Return ``inner`` wrapped in the layer ``name`` (a built-in's word or a class path)."""
     if name == "degrade":
         return DegradeLayer(inner)
     if name == "health":
         return HealthLayer(inner, layers.health)
     if name == "metrics":
-        return MetricsLayer(inner)
+        return MetricsLayer(inner, tier=tier)
     if name == "verify":
         return VerifyLayer(inner)
     if name == "faults":
@@ -93,6 +96,7 @@ def create_backend(
     deployment: Deployment | None = None,
     layers: LayerConfig | None = None,
     strict_start: bool = True,
+    tier: str = "",
 ) -> StorageBackend:
     """Build backend ``name`` from its options and wrap it in the default layers.
 
@@ -113,6 +117,9 @@ def create_backend(
         Whether a store that cannot be reached fails the call (the default). False returns an
         :class:`~hicache_storage.layers.AttachingBackend` instead: every call a counted miss
         until a background thread has built the backend, once the store answers.
+    tier
+        The backend's place in a chain of tiers, as the ``tier`` label of its metrics (empty
+        for a backend of its own).
 
     Raises
     ------
@@ -146,7 +153,7 @@ def create_backend(
     def build() -> StorageBackend:
         backend = spec.build(options, deployment)
         try:
-            return apply_layers(backend, layers)
+            return apply_layers(backend, layers, tier=tier)
         except BaseException:
             backend.close()
             raise

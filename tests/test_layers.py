@@ -181,7 +181,7 @@ def test_prometheus_export() -> None:
     backend.set("promkey", b"v")
     backend.get("promkey")
     text = prometheus_client.generate_latest().decode()
-    assert 'hicache_storage_keys_total{backend="memory",op="get",outcome="hit"}' in text
+    assert 'hicache_storage_keys_total{backend="memory",op="get",outcome="hit",tier=""}' in text
     assert "hicache_storage_call_seconds_bucket" in text
 
 

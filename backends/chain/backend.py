@@ -106,13 +106,14 @@ class ChainBackend(StorageBackend):
         self._config = config
         self._tiers: list[_Tier] = []
         try:
-            for tier in config.tiers:
+            for index, tier in enumerate(config.tiers):
                 built = create_backend(
                     tier.backend,
                     tier.options,
                     deployment=deployment,
                     layers=tier.layers,
                     strict_start=False,
+                    tier=str(index),
                 )
                 self._tiers.append(_Tier(built.name, built))
         except BaseException:

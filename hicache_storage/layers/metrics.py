@@ -1,8 +1,9 @@
 """Count and time every operation; readable through ``stats()`` and exported to Prometheus.
 
 Prometheus metrics are created once per process (the client refuses a second registration) and
-only when ``prometheus_client`` is importable. Labels are backend, operation and outcome, never the
-key. Under ``PROMETHEUS_MULTIPROC_DIR`` plain counters and histograms keep working.
+only when ``prometheus_client`` is importable. Labels are backend, tier (its place in a chain of
+tiers, empty for a backend of its own), operation and outcome, never the key. Under
+``PROMETHEUS_MULTIPROC_DIR`` plain counters and histograms keep working.
 """
 
 from __future__ import annotations
@@ -49,19 +50,21 @@ def _prometheus() -> _Prometheus | None:
         return None
     return _Prometheus(
         keys=prom.Counter(
-            "hicache_storage_keys", "Keys handled, by outcome", ["backend", "op", "outcome"]
+            "hicache_storage_keys", "Keys handled, by outcome", ["backend", "tier", "op", "outcome"]
         ),
-        calls=prom.Counter("hicache_storage_calls", "Backend calls", ["backend", "op"]),
+        calls=prom.Counter("hicache_storage_calls", "Backend calls", ["backend", "tier", "op"]),
         errors=prom.Counter(
-            "hicache_storage_errors", "Calls that raised", ["backend", "op", "error"]
+            "hicache_storage_errors", "Calls that raised", ["backend", "tier", "op", "error"]
         ),
         seconds=prom.Histogram(
             "hicache_storage_call_seconds",
             "Latency of backend calls",
-            ["backend", "op"],
+            ["backend", "tier", "op"],
             buckets=LATENCY_BUCKETS_S,
         ),
-        bytes=prom.Counter("hicache_storage_bytes", "Bytes moved", ["backend", "direction"]),
+        bytes=prom.Counter(
+            "hicache_storage_bytes", "Bytes moved", ["backend", "tier", "direction"]
+        ),
     )
 
 
@@ -104,10 +107,15 @@ class _OpStats:
 
 @final
 class MetricsLayer(ForwardingBackend):
-    """Count keys by outcome (hit/miss, ok/fail), errors by type, bytes moved, and latency."""
+    """Count keys by outcome (hit/miss, ok/fail), errors by type, bytes moved, and latency.
 
-    def __init__(self, inner: Any) -> None:
+    ``tier`` is the ``tier`` label of its Prometheus series: the backend's place in a chain of
+    tiers (two ``file`` tiers are two series), empty for a backend of its own.
+    """
+
+    def __init__(self, inner: Any, *, tier: str = "") -> None:
         super().__init__(inner)
+        self.tier = tier
         self._lock = threading.Lock()
         self._ops: dict[str, _OpStats] = {}
         self._bytes = {"read": 0, "written": 0}
@@ -151,7 +159,7 @@ class MetricsLayer(ForwardingBackend):
         self._child(("calls", op), prom.calls, op).inc()
         self._child(("seconds", op), prom.seconds, op).observe(seconds)
         if error is not None:
-            prom.errors.labels(self.name, op, error).inc()
+            prom.errors.labels(self.name, self.tier, op, error).inc()
         for outcome, count in outcomes.items():
             if count:
                 self._child((op, outcome), prom.keys, op, outcome).inc(count)
@@ -162,7 +170,7 @@ class MetricsLayer(ForwardingBackend):
         """Return the labelled child of ``metric``, created once (threads may race to it)."""
         child = self._children.get(key)
         if child is None:
-            child = metric.labels(self.name, *labels)
+            child = metric.labels(self.name, self.tier, *labels)
             with self._lock:
                 child = self._children.setdefault(key, child)
         return child

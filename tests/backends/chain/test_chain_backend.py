@@ -85,6 +85,23 @@ def test_a_page_only_the_later_tier_holds_is_served_promoted_then_served_near(
         assert local.get("k") == _value(1)
 
 
+def test_two_tiers_of_one_backend_are_two_prometheus_series(near: Path, far: Path) -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+
+    def hits(tier: str) -> float:
+        labels = {"backend": "file", "tier": tier, "op": "get", "outcome": "hit"}
+        value = prometheus_client.REGISTRY.get_sample_value("hicache_storage_keys_total", labels)
+        return value or 0.0
+
+    with _file_backend(far) as remote:
+        assert remote.set("series", _value(2))
+    before = (hits("0"), hits("1"), hits(""))
+    with _chain(_file(near), _file(far), promote_after_hits=0) as chain:
+        assert bytes(chain.get("series") or b"") == _value(2)
+        assert bytes(chain.get("series") or b"") == _value(2)
+    assert (hits("0"), hits("1"), hits("")) == (before[0], before[1] + 2, before[2])
+
+
 def test_promotion_waits_for_the_hits_it_is_told_and_zero_never_promotes(
     near: Path, far: Path
 ) -> None:
