@@ -69,6 +69,7 @@ from typing_extensions import Buffer
 
 from hicache_storage.backend import HostPool, StorageBackend
 from hicache_storage.buffers import as_readable, as_writable
+from hicache_storage.capacity import Capacity
 from hicache_storage.config import Deployment
 from hicache_storage.errors import (
     BackendError,
@@ -661,7 +662,7 @@ class FileBackend(StorageBackend):
             raise _io_error(f"clear {directory!r}", error) from error
 
     def stats(self) -> dict[str, Any]:
-        """Return the base stats plus the index: objects, bytes, evictions, evicted_bytes."""
+        """Return the base stats plus the index (objects, bytes, evictions) and ``capacity``."""
         stats = super().stats()
         capacity = self._capacity.stats()
         stats.update(
@@ -677,6 +678,15 @@ class FileBackend(StorageBackend):
             evicted_bytes=capacity["evicted_bytes"],
             integrity=bool(self._record),
             naming=self.config.naming,
+        )
+        stats["capacity"] = Capacity(
+            scope="namespace",
+            used_bytes=stats["bytes"],
+            bound_bytes=stats["max_bytes"],
+            floor_bytes=stats["min_free_bytes"],
+            free_bytes=stats["free_bytes"],
+            evictions=stats["evictions"],
+            policy="lru",
         )
         with self._meta_lock:
             stats["integrity_failures"] = dict(self._failures)

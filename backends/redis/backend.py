@@ -72,6 +72,7 @@ from typing_extensions import Buffer
 
 from hicache_storage.backend import StorageBackend
 from hicache_storage.buffers import as_readable, as_writable, scatter
+from hicache_storage.capacity import Capacity
 from hicache_storage.config import Deployment
 from hicache_storage.errors import (
     BackendIOError,
@@ -79,6 +80,7 @@ from hicache_storage.errors import (
     BackendUnavailableError,
     BufferSizeError,
     ConfigError,
+    HiCacheError,
 )
 from hicache_storage.kit import (
     Deadline,
@@ -621,6 +623,17 @@ class _RedisErrors(ErrorMap):
         return Verdict(BackendIOError, f"{where} failed: {type(exc).__name__}: {exc}", "error")
 
 
+def _info_fields(reply: Any) -> dict[str, str]:
+    """Return the ``name:value`` lines of an ``INFO`` reply as a dict."""
+    text = reply.decode(errors="replace") if isinstance(reply, bytes) else str(reply)
+    fields = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and not name.startswith("#"):
+            fields[name.strip()] = value.strip()
+    return fields
+
+
 def _chunks(count: int, size: int) -> Iterator[slice]:
     for start in range(0, count, size):
         yield slice(start, min(start + size, count))
@@ -905,11 +918,17 @@ class RedisBackend(StorageBackend):
                     break
 
     def stats(self) -> dict[str, Any]:
-        """Return the mode, the servers, round trips made and errors by reason."""
+        """Return the mode, the servers, round trips made, errors by reason and ``capacity``.
+
+        ``capacity`` is the servers' own (``INFO memory`` and ``stats`` of every primary,
+        summed, within ``deadline_s``): Redis evicts on its own under ``maxmemory``, so how full
+        it is and what it evicted are the server's figures, shared by every client of it. Where
+        the servers do not answer, ``capacity_error`` says why instead.
+        """
         with self._lock:
             errors = dict(self._errors)
             round_trips = self._round_trips
-        return {
+        stats: dict[str, Any] = {
             "backend": self.name,
             "mode": "cluster" if self.config.is_cluster else "standalone",
             "servers": self._where,
@@ -918,6 +937,33 @@ class RedisBackend(StorageBackend):
             "round_trips": round_trips,
             "errors": errors,
         }
+        try:
+            stats["capacity"] = self._capacity()
+        except HiCacheError as exc:
+            stats["capacity_error"] = str(exc)
+        return stats
+
+    def _capacity(self) -> Capacity:
+        """Sum the primaries' memory, ``maxmemory`` and evicted keys (one round trip each)."""
+        with self._calling():
+            self._nodes.prepare()
+            primaries = self._nodes.primaries()
+            commands = [("INFO", section) for _ in primaries for section in ("memory", "stats")]
+            nodes = [node for node in primaries for _ in range(2)]
+            replies = self._nodes.run(commands, nodes)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise BackendUnavailableError(f"redis INFO failed: {reply}")
+        info = [_info_fields(reply) for reply in replies]
+        memory, counters = info[0::2], info[1::2]
+        bounds = [int(fields.get("maxmemory", "0")) for fields in memory]
+        return Capacity(
+            scope="server",
+            used_bytes=sum(int(fields.get("used_memory", "0")) for fields in memory),
+            bound_bytes=None if 0 in bounds else sum(bounds),
+            evictions=sum(int(fields.get("evicted_keys", "0")) for fields in counters),
+            policy=memory[0].get("maxmemory_policy", "") if memory else "",
+        )
 
     def _close(self) -> None:
         self._nodes.close()

@@ -12,6 +12,7 @@ import bisect
 import functools
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, final
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, final
 from typing_extensions import Buffer
 
 from ..buffers import as_readable
+from ..capacity import MEASURES
 from ..errors import HiCacheError
 from .base import ForwardingBackend
 
@@ -40,6 +42,58 @@ class _Prometheus(NamedTuple):
     errors: Any
     seconds: Any
     bytes: Any
+    capacity: _CapacityCollector
+
+
+class _CapacityCollector:
+    """Read each live metrics layer's ``stats()["capacity"]`` when Prometheus scrapes.
+
+    How full a store is changes without a call through the layer (another process writes, the
+    store evicts on its own), so the gauges are read at scrape time, not counted. Instances of
+    one backend and tier report one series each: the largest value among them.
+    """
+
+    def __init__(self) -> None:
+        self.layers: weakref.WeakSet[MetricsLayer] = weakref.WeakSet()
+
+    def collect(self) -> Any:
+        """Yield the capacity gauges and the eviction counter (a scrape never raises)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        gauges: dict[tuple[str, str, str], float] = {}
+        evictions: dict[tuple[str, str], float] = {}
+        for layer in list(self.layers):
+            try:
+                if layer.closed:
+                    continue
+                capacity = layer.inner.stats().get("capacity") or {}
+            except Exception:  # noqa: BLE001 - a closed or unreachable store has no figures
+                continue
+            labels = (layer.name, layer.tier)
+            for measure, field_name in MEASURES.items():
+                value = capacity.get(field_name)
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    key = (*labels, measure)
+                    gauges[key] = max(gauges.get(key, value), value)
+            count = capacity.get("evictions")
+            if isinstance(count, int) and not isinstance(count, bool):
+                evictions[labels] = max(evictions.get(labels, count), count)
+        gauge = GaugeMetricFamily(
+            "hicache_storage_capacity_bytes",
+            "How full a store is: bytes used, its bound, free-space floor, free bytes",
+            labels=["backend", "tier", "measure"],
+        )
+        for key, value in gauges.items():
+            gauge.add_metric(list(key), value)
+        counter = CounterMetricFamily(
+            "hicache_storage_evictions",
+            "Objects removed to make room (by the backend or, scope server, by the store)",
+            labels=["backend", "tier"],
+        )
+        for labels, count in evictions.items():
+            counter.add_metric(list(labels), count)
+        yield gauge
+        yield counter
 
 
 @functools.cache
@@ -48,7 +102,10 @@ def _prometheus() -> _Prometheus | None:
         import prometheus_client as prom
     except ImportError:
         return None
+    capacity = _CapacityCollector()
+    prom.REGISTRY.register(capacity)
     return _Prometheus(
+        capacity=capacity,
         keys=prom.Counter(
             "hicache_storage_keys", "Keys handled, by outcome", ["backend", "tier", "op", "outcome"]
         ),
@@ -121,6 +178,8 @@ class MetricsLayer(ForwardingBackend):
         self._bytes = {"read": 0, "written": 0}
         self._prom = _prometheus()
         self._children: dict[tuple[str, str], Any] = {}
+        if self._prom is not None:
+            self._prom.capacity.layers.add(self)
 
     def _record(
         self,

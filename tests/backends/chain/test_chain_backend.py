@@ -102,6 +102,29 @@ def test_two_tiers_of_one_backend_are_two_prometheus_series(near: Path, far: Pat
     assert (hits("0"), hits("1"), hits("")) == (before[0], before[1] + 2, before[2])
 
 
+def test_each_tier_reports_how_full_it_is_while_open(near: Path, far: Path) -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+
+    def gauge(tier: str, measure: str) -> float | None:
+        labels = {"backend": "file", "tier": tier, "measure": measure}
+        value: float | None = prometheus_client.REGISTRY.get_sample_value(
+            "hicache_storage_capacity_bytes", labels
+        )
+        return value
+
+    near_bound, far_bound = 3 * 2**20, 5 * 2**20
+    tiers = (_file(near, max_bytes=near_bound), _file(far, max_bytes=far_bound))
+    with _chain(*tiers) as chain:
+        assert chain.set("full", _value(3))
+        for index, bound in enumerate((near_bound, far_bound)):
+            capacity = _tier(chain, index)["stats"]["capacity"]
+            assert capacity["bound_bytes"] == bound and capacity["used_bytes"] >= VALUE
+            assert capacity["scope"] == "namespace" and capacity["evictions"] == 0
+            assert gauge(str(index), "bound") == bound
+            assert (gauge(str(index), "used") or 0) >= VALUE
+    assert gauge("0", "bound") != near_bound and gauge("1", "bound") != far_bound
+
+
 def test_promotion_waits_for_the_hits_it_is_told_and_zero_never_promotes(
     near: Path, far: Path
 ) -> None:

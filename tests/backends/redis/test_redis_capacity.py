@@ -1,0 +1,62 @@
+"""The Redis backend reads its servers' limits: how full they are, the bound and the evictions."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from hicache_storage import create_backend
+from hicache_storage.backends.redis import provision
+from hicache_storage.kit.services import LocalService
+
+VALUE = 256 * 1024
+
+
+def test_a_bounded_server_reports_its_bound_fill_and_evictions(tmp_path: Path) -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    with provision.standalone(tmp_path / "redis", maxmemory="8mb") as service:
+        backend = create_backend("redis", {**service.options, "prefix": "cap"})
+        try:
+            before = backend.stats()["capacity"]
+            assert before["scope"] == "server" and before["bound_bytes"] == 8 * 2**20
+            assert before["policy"] == "allkeys-lru" and before["evictions"] == 0
+            for i in range(64):  # 16 MiB into a server bounded at 8
+                backend.set(f"k{i}", bytes([i]) * VALUE)
+            after = backend.stats()["capacity"]
+            assert after["evictions"] > 0 and after["used_bytes"] > before["used_bytes"]
+            assert after["used_bytes"] <= after["bound_bytes"] + VALUE
+            labels = {"backend": "redis", "tier": "", "measure": "bound"}
+            gauge = prometheus_client.REGISTRY.get_sample_value(
+                "hicache_storage_capacity_bytes", labels
+            )
+            assert gauge is not None and gauge >= 8 * 2**20
+        finally:
+            backend.close()
+
+
+def test_a_cluster_sums_its_primaries_and_has_no_bound(redis_cluster: LocalService) -> None:
+    backend = create_backend("redis", {**redis_cluster.options, "prefix": "capsum"})
+    try:
+        for i in range(12):
+            backend.set(f"k{i}", bytes(64 * 1024))
+        capacity = backend.stats()["capacity"]
+        assert capacity["scope"] == "server" and capacity["bound_bytes"] is None
+        assert capacity["used_bytes"] > 12 * 64 * 1024
+    finally:
+        backend.clear()
+        backend.close()
+
+
+def test_a_stopped_server_leaves_stats_answering_with_the_reason(tmp_path: Path) -> None:
+    with provision.standalone(tmp_path / "redis", deadline_s=1.0) as service:
+        backend = create_backend("redis", {**service.options, "prefix": "capdown"})
+        try:
+            service.stop()
+            start = time.monotonic()
+            stats = backend.stats()
+            assert time.monotonic() - start < 1.0 + 1.0
+            assert "capacity" not in stats and stats["capacity_error"]
+        finally:
+            backend.close()
