@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -62,6 +63,7 @@ from typing_extensions import Buffer
 from hicache_storage.backend import HostPool, StorageBackend
 from hicache_storage.buffers import as_readable, as_writable
 from hicache_storage.capabilities import Capabilities
+from hicache_storage.capacity import Capacity
 from hicache_storage.config import Deployment
 from hicache_storage.errors import (
     BackendIOError,
@@ -805,7 +807,33 @@ class MooncakeBackend(StorageBackend):
             bytes_staged=moved.get("bytes_staged", 0),
             errors=errors,
         )
+        if self.config.master_metrics is not None:
+            try:
+                stats["capacity"] = self._capacity(self.config.master_metrics)
+            except (OSError, ValueError, KeyError) as exc:  # KeyError: a metric it lacks
+                stats["capacity_error"] = f"{self.config.master_metrics}: {exc!r}"
         return stats
+
+    def _capacity(self, address: str) -> Capacity:
+        """Read how full the store is from the master's metrics, within ``deadline_s``.
+
+        The master's own figures, for every client of the store: memory allocated to objects
+        against the segments' total, and the keys it evicted.
+        """
+        url = f"http://{address}/metrics"
+        with urllib.request.urlopen(url, timeout=self._timeouts.deadline_s) as reply:
+            text = reply.read().decode(errors="replace")
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name and not name.startswith("#") and "{" not in name:
+                values[name] = float(value)
+        return Capacity(
+            scope="server",
+            used_bytes=int(values["master_allocated_bytes"]),
+            bound_bytes=int(values["master_total_capacity_bytes"]),
+            evictions=int(values.get("master_evicted_key_count", 0)),
+        )
 
     def _release_region(self) -> None:
         if self._region is not None:

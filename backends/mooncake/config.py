@@ -231,9 +231,14 @@ class MooncakeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         before ``setup``: an unreachable master is an error within this time, not Mooncake's
         90-second hang. Default 3 s, or ``deadline_s`` when that is shorter; at most
         ``deadline_s``.
+    master_metrics
+        ``host:port`` of the master's HTTP metrics (its ``-metrics_port``, 9003 by default).
+        Given, ``stats()["capacity"]`` says how full the store is, read from the master: the
+        store evicts on its own, so only it knows. None (the default): nothing is read.
     """
 
     master: str | None = None
+    master_metrics: str | None = None
     metadata_server: str | None = None
     local_hostname: str | None = None
     protocol: Literal["tcp", "rdma"] | None = None
@@ -268,6 +273,8 @@ class MooncakeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                     raise ValueError(str(exc)) from None
         if self.master is not None:
             check_address("master", self.master, port=True)
+        if self.master_metrics is not None:
+            check_address("master_metrics", self.master_metrics, port=True)
         if self.local_hostname is not None:
             check_address("local_hostname", self.local_hostname, port=False)
         if self.metadata_server is not None:

@@ -43,6 +43,7 @@ __all__ = [
     "local_store",
     "master_ready",
     "master_service",
+    "metrics_address",
 ]
 
 HOLDER_BACKEND = "mooncake-segment-holder"
@@ -85,8 +86,8 @@ def _http_get(url: str) -> tuple[int, str]:
         return 0, ""
 
 
-def _metrics(service: LocalService) -> str:
-    """Return ``host:port`` of the master's HTTP metrics.
+def metrics_address(service: LocalService) -> str:
+    """Return ``host:port`` of the master's HTTP metrics (the backend's ``master_metrics``).
 
     The master's second port; a holder names its master's in its options.
     """
@@ -100,7 +101,7 @@ def master_ready(service: LocalService, deadline: float) -> None:
     After a restart the master knows no segment until the holder re-mounts (1-3 s); a store
     without one refuses every put, so it is not ready yet.
     """
-    url = f"http://{_metrics(service)}/health"
+    url = f"http://{metrics_address(service)}/health"
     while _http_get(url)[0] != 200:
         if time.monotonic() > deadline:
             raise BackendUnavailableError(f"mooncake master health {url} did not answer 200")
@@ -116,7 +117,7 @@ def holder_ready(service: LocalService, deadline: float) -> None:
 
 
 def _wait_capacity(service: LocalService, deadline: float, log: Path) -> None:
-    url = f"http://{_metrics(service)}/metrics"
+    url = f"http://{metrics_address(service)}/metrics"
     while True:
         status, text = _http_get(url)
         for line in text.splitlines() if status == 200 else []:
@@ -175,7 +176,7 @@ def holder_service(
     ]
     state = ServiceState(
         backend=HOLDER_BACKEND,
-        options={"master": master.options["master"], "metrics": _metrics(master)},
+        options={"master": master.options["master"], "metrics": metrics_address(master)},
         processes=[ProcessSpec(name="holder", argv=argv, ports=[port])],
         workdir=str(root),
         ready=f"{__name__}:holder_ready",

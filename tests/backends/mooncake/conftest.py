@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from hicache_storage.backends.mooncake import provision
 from hicache_storage.backends.mooncake.provision import local_store
 from hicache_storage.kit.services import LocalService
 
@@ -23,6 +24,7 @@ def options(mooncake_store: LocalService) -> dict[str, object]:
     """Options of a pure client (no segment of its own) under a fresh prefix."""
     return {
         "master": mooncake_store.options["master"],
+        "master_metrics": provision.metrics_address(mooncake_store),
         "global_segment_size": 0,
         "local_hostname": "127.0.0.1",
         "prefix": f"t-{secrets.token_hex(4)}/",
