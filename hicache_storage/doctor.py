@@ -208,6 +208,7 @@ def _with_store(spec: BackendSpec, options: Any, plan: ServingPlan) -> list[Find
         findings.append(Finding("round trip", "ok", f"one {size} page came back whole"))
         findings.append(_second_client(spec, options, keys[0], page))
         findings.append(_prefetch_time(first, keys, page, plan))
+        findings.append(_capacity(first.stats(), plan))
     finally:
         if spec.capabilities.delete:
             for key in keys:
@@ -297,6 +298,53 @@ def _prefetch_time(
             "or use a faster store",
         )
     return Finding(check, "ok", f"{took}, within the timeout's {limit:.3f} s")
+
+
+def _capacity(stats: Mapping[str, Any], plan: ServingPlan) -> Finding:
+    """How full the store is, from ``stats()["capacity"]``: the traps of its bound and policy."""
+    check = "capacity"
+    capacity: Mapping[str, Any] | None = stats.get("capacity")
+    if capacity is None:
+        if stats.get("capacity_error"):
+            return Finding(
+                check,
+                "warn",
+                f"the store's figures could not be read: {stats['capacity_error']}",
+                "check the address the backend reads them from (its page says which)",
+            )
+        return Finding(check, "skip", "the backend reports no capacity figures")
+    used, bound = capacity.get("used_bytes"), capacity.get("bound_bytes")
+    evictions, policy = capacity.get("evictions"), capacity.get("policy")
+    held = f"{_size(used)} used" if isinstance(used, int) else "use unknown"
+    if bound is None:
+        if capacity.get("scope") == "server":
+            return Finding(
+                check,
+                "warn",
+                f"{held} and no bound: the server grows until the machine's memory runs out",
+                "set maxmemory and maxmemory-policy allkeys-lru on the server",
+            )
+        return Finding(check, "ok", f"{held}, no bound (see disk space)")
+    if policy == "noeviction":
+        return Finding(
+            check,
+            "warn",
+            f"{held}; the server refuses every write once full (maxmemory-policy noeviction)",
+            "set maxmemory-policy allkeys-lru: a cache tier evicts",
+        )
+    pool = plan.host_tokens * plan.bytes_per_token if plan.host_tokens is not None else None
+    if pool is not None and bound < pool:
+        return Finding(
+            check,
+            "warn",
+            f"a bound of {_size(bound)} holds less than one host pool ({_size(pool)}): "
+            "pages are evicted before they are read back",
+            "raise the store's bound (max_bytes, maxmemory, the segments mounted)",
+        )
+    share = f" ({used / bound:.0%})" if isinstance(used, int) and bound else ""
+    tail = f", {evictions} evicted" if isinstance(evictions, int) else ""
+    tail += f", policy {policy}" if policy else ""
+    return Finding(check, "ok", f"{held} of {_size(bound)}{share}{tail}")
 
 
 def _disk(options: Mapping[str, Any], plan: ServingPlan) -> Finding:

@@ -55,6 +55,7 @@ def test_a_file_store_passes_every_check_and_keeps_nothing(tmp_path: Path) -> No
         "round trip": "ok",
         "read back by another client": "ok",
         "prefetch time": "ok",
+        "capacity": "ok",
         "disk space": "ok",
     }
     assert "8 pages" in found["prefetch time"].detail
@@ -134,6 +135,16 @@ def test_a_store_bound_beyond_the_free_disk_is_named(tmp_path: Path) -> None:
     options = {"root": str(tmp_path / "kv"), "max_bytes": 1 << 55}
     found = _by_check(diagnose("file", options, SMALL))["disk space"]
     assert found.status == "warn" and "less than the store's max_bytes" in found.detail
+
+
+def test_a_store_bound_smaller_than_the_host_pool_is_named(tmp_path: Path) -> None:
+    plan = dataclasses.replace(SMALL, device_tokens=1024, host_tokens=4096)  # a 4 MiB host pool
+    small = {"root": str(tmp_path / "small"), "max_bytes": 1 << 20}
+    found = _by_check(diagnose("file", small, plan))["capacity"]
+    assert found.status == "warn" and "holds less than one host pool (4.0 MiB)" in found.detail
+    roomy = {"root": str(tmp_path / "roomy"), "max_bytes": 64 << 20}
+    found = _by_check(diagnose("file", roomy, plan))["capacity"]
+    assert found.status == "ok" and "of 64.0 MiB" in found.detail and "policy lru" in found.detail
 
 
 def test_an_unreachable_server_fails_within_its_deadline_and_exits_1() -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from hicache_storage import create_backend
 from hicache_storage.backends.redis import provision
+from hicache_storage.doctor import ServingPlan, diagnose
 from hicache_storage.kit.services import LocalService
 
 VALUE = 256 * 1024
@@ -60,3 +61,24 @@ def test_a_stopped_server_leaves_stats_answering_with_the_reason(tmp_path: Path)
             assert "capacity" not in stats and stats["capacity_error"]
         finally:
             backend.close()
+
+
+def test_doctor_names_a_server_without_a_bound_and_one_that_refuses_when_full(
+    tmp_path: Path,
+) -> None:
+    import redis
+
+    plan = ServingPlan(bytes_per_token=1024, prefetch_tokens=512, repeats=1)
+    with provision.standalone(tmp_path / "redis") as service:
+        found = {f.check: f for f in diagnose("redis", service.options, plan)}["capacity"]
+        assert found.status == "warn" and "no bound" in found.detail
+        assert found.fix is not None and "maxmemory" in found.fix
+        client = redis.Redis.from_url(service.options["url"], password=service.options["password"])
+        client.config_set("maxmemory", "64mb")
+        client.config_set("maxmemory-policy", "noeviction")
+        found = {f.check: f for f in diagnose("redis", service.options, plan)}["capacity"]
+        assert found.status == "warn" and "noeviction" in found.detail
+        client.config_set("maxmemory-policy", "allkeys-lru")
+        found = {f.check: f for f in diagnose("redis", service.options, plan)}["capacity"]
+        assert found.status == "ok" and "of 64.0 MiB" in found.detail
+        client.close()
