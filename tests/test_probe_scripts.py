@@ -33,6 +33,19 @@ def test_every_probe_script_is_cited_by_the_docs_it_measures_for() -> None:
     assert [name for name in probes if f"scripts/{name}" not in docs] == []
 
 
+@pytest.mark.timeout(120)
+def test_probe_bound_prints_the_peak_beside_the_bound(tmp_path: Path) -> None:
+    result = _run(
+        "scripts/probe_bound.py", "--root", str(tmp_path), "--seconds", "1", "--writers", "2",
+        "--bound-mib", "4", timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    found = re.search(
+        r"bound 4 MiB; peak on disk [\d.]+ MiB .*accounted ([\d.]+) MiB", result.stdout
+    )
+    assert found and 0 < float(found[1]) <= 4.0, result.stdout
+
+
 @pytest.mark.timeout(600)
 def test_probe_verify_prints_each_rate_beside_the_raw_read() -> None:
     result = _run("scripts/probe_verify.py", "--pages", "4", "--threads", "1,2")
