@@ -25,7 +25,7 @@ def _run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
 
 
 def test_every_probe_script_is_cited_by_the_docs_it_measures_for() -> None:
-    docs = "\n".join(p.read_text() for p in (ROOT / "docs").glob("*.md"))
+    docs = "\n".join(p.read_text() for p in (ROOT / "docs").rglob("*.md"))
     probes = sorted(
         p.name for p in SCRIPTS.glob("*.py") if "probe" in p.name or "profile" in p.name
     )
@@ -44,6 +44,24 @@ def test_probe_bound_prints_the_peak_beside_the_bound(tmp_path: Path) -> None:
         r"bound 4 MiB; peak on disk [\d.]+ MiB .*accounted ([\d.]+) MiB", result.stdout
     )
     assert found and 0 < float(found[1]) <= 4.0, result.stdout
+
+
+@pytest.mark.timeout(300)
+def test_probe_chain_working_set_prints_each_configuration() -> None:
+    result = _run(
+        "scripts/probe_chain_working_set.py", "--values", "16", "--reads", "200", timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    rows = {
+        line.split("  hit rate")[0].strip(): line
+        for line in result.stdout.splitlines()
+        if "hit rate" in line
+    }
+    assert set(rows) == {"file alone (bounded)", "redis alone", "chain file -> redis"}, rows
+    assert (
+        "hit rate 100.0%" in rows["redis alone"]
+        and "hit rate 100.0%" in rows["chain file -> redis"]
+    )
 
 
 @pytest.mark.timeout(600)
