@@ -80,9 +80,9 @@ def test_published_service_is_the_server_control(tmp_path: Path) -> None:
     assert os.environ.get(SERVICES_ENV) == before
 
 
-def test_process_that_dies_reports_its_log(tmp_path: Path) -> None:
-    port = free_port()
-    argv = [sys.executable, "-c", "import sys; print('boom: bad flag'); sys.exit(3)"]
+def dying_service(tmp_path: Path, port: int, says: str) -> LocalService:
+    """A service whose one process prints ``says`` and exits before opening ``port``."""
+    argv = [sys.executable, "-c", f"import sys; print({says!r}); sys.exit(3)"]
     state = ServiceState(
         backend="memory",
         options={},
@@ -90,7 +90,11 @@ def test_process_that_dies_reports_its_log(tmp_path: Path) -> None:
         workdir=str(tmp_path),
         start_timeout_s=10,
     )
-    service = LocalService(state, tmp_path / "state.json")
+    return LocalService(state, tmp_path / "state.json")
+
+
+def test_process_that_dies_reports_its_log(tmp_path: Path) -> None:
+    service = dying_service(tmp_path, free_port(), "boom: bad flag")
     with pytest.raises(BackendUnavailableError, match="boom: bad flag"):
         service.start()
     service.stop()
@@ -111,15 +115,7 @@ def test_a_stopped_service_keeps_its_port_until_it_starts(tmp_path: Path) -> Non
 
 def test_a_port_another_process_opened_is_not_the_server_up(tmp_path: Path) -> None:
     port = free_port()
-    argv = [sys.executable, "-c", "import sys; print('cannot bind'); sys.exit(1)"]
-    state = ServiceState(
-        backend="memory",
-        options={},
-        processes=[ProcessSpec(name="loser", argv=argv, ports=[port])],
-        workdir=str(tmp_path),
-        start_timeout_s=10,
-    )
-    service = LocalService(state, tmp_path / "state.json")
+    service = dying_service(tmp_path, port, "cannot bind")
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", port))
         squatter.listen()

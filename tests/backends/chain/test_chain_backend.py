@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import prometheus_client
 import pytest
 import torch
 
@@ -86,7 +87,6 @@ def test_a_page_only_the_later_tier_holds_is_served_promoted_then_served_near(
 
 
 def test_two_tiers_of_one_backend_are_two_prometheus_series(near: Path, far: Path) -> None:
-    prometheus_client = pytest.importorskip("prometheus_client")
 
     def hits(tier: str) -> float:
         labels = {"backend": "file", "tier": tier, "op": "get", "outcome": "hit"}
@@ -103,7 +103,6 @@ def test_two_tiers_of_one_backend_are_two_prometheus_series(near: Path, far: Pat
 
 
 def test_each_tier_reports_how_full_it_is_while_open(near: Path, far: Path) -> None:
-    prometheus_client = pytest.importorskip("prometheus_client")
 
     def gauge(tier: str, measure: str) -> float | None:
         labels = {"backend": "file", "tier": tier, "measure": measure}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pytest
+import prometheus_client
 
 from hicache_storage import create_backend
 from hicache_storage.backends.redis import provision
@@ -16,7 +16,6 @@ VALUE = 256 * 1024
 
 
 def test_a_bounded_server_reports_its_bound_fill_and_evictions(tmp_path: Path) -> None:
-    prometheus_client = pytest.importorskip("prometheus_client")
     with provision.standalone(tmp_path / "redis", maxmemory="8mb") as service:
         backend = create_backend("redis", {**service.options, "prefix": "cap"})
         try:
