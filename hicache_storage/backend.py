@@ -34,6 +34,8 @@ from .kit.options import positive_int
 if TYPE_CHECKING:
     import torch
 
+    from .quota import QuotaLedger
+
 __all__ = ["HostPool", "StorageBackend", "check_host_pool", "copy_into"]
 
 
@@ -246,6 +248,14 @@ class StorageBackend(abc.ABC):
     def stats(self) -> dict[str, Any]:
         """Return counters describing this backend; layers add their own sections."""
         return {"backend": self.name}
+
+    def quota_ledger(self) -> QuotaLedger | None:
+        """Return the ledger this backend's store can keep for its namespace's quota, or None.
+
+        A store every writer of the namespace reaches can hold the accounting a quota needs
+        (``hicache_storage.quota``); the quota layer asks for it when its config names none.
+        """
+        return None
 
     @property
     def closed(self) -> bool:

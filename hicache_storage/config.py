@@ -44,6 +44,7 @@ __all__ = [
     "HealthConfig",
     "HiCacheConfig",
     "LayerConfig",
+    "QuotaConfig",
     "UnifiedKeys",
     "check_duration",
     "convert",
@@ -282,6 +283,49 @@ class HealthConfig(_Config, frozen=True):
             )
 
 
+class QuotaConfig(_Config, frozen=True):
+    """A byte quota on one namespace of a shared store (``docs/layers.md``, "Quotas").
+
+    Attributes
+    ----------
+    bytes
+        The most bytes of values the namespace holds, counted across every process and machine
+        writing into it through its shared ledger.
+    low_watermark
+        Fraction of ``bytes`` that an eviction frees down to, so evictions come in batches.
+    ledger
+        Where the namespace's ledger lives. None (the default) asks the backend for the one its
+        store keeps (the file backend: an SQLite file in its root; Redis: keys beside the
+        pages). Otherwise a path of an SQLite file on a file system every writer mounts, or a
+        ``redis://`` URL (then ``namespace`` names the ledger there).
+    namespace
+        The ledger's name inside a ``redis://`` ledger.
+    hold_s
+        How long a write's claim on room counts once made: a process killed mid-write leaves
+        a claim that nobody settles, forgotten this long after it was made. Every backend
+        bounds a write by its deadline, a few seconds by default, far below it.
+    """
+
+    bytes: int
+    low_watermark: float = 0.9
+    ledger: str | None = None
+    namespace: str | None = None
+    hold_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bytes, bool) or not isinstance(self.bytes, int) or self.bytes <= 0:
+            raise ValueError(f"bytes must be a positive int, got {self.bytes!r}")
+        low = self.low_watermark
+        if isinstance(low, bool) or not isinstance(low, (int, float)) or not 0.0 < low < 1.0:
+            raise ValueError(f"low_watermark must be a number within (0, 1), got {low!r}")
+        check_seconds("hold_s", self.hold_s)
+        redis_ledger = self.ledger is not None and self.ledger.startswith(("redis://", "rediss://"))
+        if redis_ledger and not self.namespace:
+            raise ValueError("a redis:// ledger needs namespace, the ledger's name there")
+        if self.ledger == "":
+            raise ValueError("ledger must name an SQLite file or a redis:// URL, or be null")
+
+
 class LayerConfig(_Config, frozen=True):
     """Which layers wrap a backend built by :func:`~hicache_storage.create_backend`.
 
@@ -301,13 +345,17 @@ class LayerConfig(_Config, frozen=True):
         ones written for its key is a counted miss, whatever the backend answered.
     faults
         Inject delays and failures (off unless set).
+    quota
+        Hold the namespace within a byte quota shared by every writer (off unless set): a
+        write that would pass it first evicts the namespace's least recently used pages.
     stack
         The layers inside validation (always outermost), outermost first: ``"degrade"``,
-        ``"health"`` (inside degrade, with ``health`` set), ``"metrics"``, ``"verify"``,
-        ``"faults"`` (with ``faults`` set) and ``"module:Class"`` for a layer of your own, a
-        :class:`~hicache_storage.layers.ForwardingBackend` subclass called with the backend it
-        wraps. None (the default) is today's order from the flags above: degrade, health,
-        metrics, verify, faults. With a stack, the flags stay at their defaults.
+        ``"health"`` (inside degrade, with ``health`` set), ``"metrics"``, ``"quota"`` (with
+        ``quota`` set), ``"verify"``, ``"faults"`` (with ``faults`` set) and ``"module:Class"``
+        for a layer of your own, a :class:`~hicache_storage.layers.ForwardingBackend` subclass
+        called with the backend it wraps. None (the default) is today's order from the flags
+        above: degrade, health, metrics, quota, verify, faults. With a stack, the flags stay at
+        their defaults.
     """
 
     metrics: bool = True
@@ -315,6 +363,7 @@ class LayerConfig(_Config, frozen=True):
     health: HealthConfig | None = HealthConfig()
     verify: bool = True
     faults: FaultConfig | None = None
+    quota: QuotaConfig | None = None
     stack: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -336,6 +385,8 @@ class LayerConfig(_Config, frozen=True):
             seen.add(entry)
         if ("faults" in seen) != (self.faults is not None):
             raise ValueError("stack names 'faults' exactly when faults is set")
+        if ("quota" in seen) != (self.quota is not None):
+            raise ValueError("stack names 'quota' exactly when quota is set")
         if "health" in seen:
             if self.health is None:
                 raise ValueError("stack names 'health' but health is off (null)")
@@ -353,10 +404,11 @@ class LayerConfig(_Config, frozen=True):
         flags["health"] = self.degrade and self.health is not None
         flags["verify"] = self.verify
         flags["faults"] = self.faults is not None
+        flags["quota"] = self.quota is not None
         return tuple(name for name in BUILT_IN_LAYERS if flags[name])
 
 
-BUILT_IN_LAYERS = ("degrade", "health", "metrics", "verify", "faults")
+BUILT_IN_LAYERS = ("degrade", "health", "metrics", "quota", "verify", "faults")
 """The layers :attr:`LayerConfig.stack` names by word, in their default order."""
 
 _LAYER_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")

@@ -15,6 +15,7 @@ from .layers import (
     ForwardingBackend,
     HealthLayer,
     MetricsLayer,
+    QuotaLayer,
     ValidationLayer,
     VerifyLayer,
 )
@@ -29,7 +30,8 @@ def apply_layers(
 ) -> StorageBackend:
     """Wrap ``backend`` in validation and then the configured stack (by default the built-ins).
 
-    By default the result is ``Validation(Degrade(Health(Metrics(Verify(Faults(backend))))))``.
+    By default the result is ``Validation(Degrade(Health(Metrics(Verify(Faults(backend))))))``,
+    with ``Quota`` inside metrics when a quota is set.
     Validation is always outermost so caller mistakes raise before anything else runs; by
     default health sits inside degrade so it sees the timeouts that tell it the store stopped
     answering (and answers misses itself while it is down), metrics sit inside both so they see
@@ -61,6 +63,9 @@ def _layer(name: str, inner: StorageBackend, layers: LayerConfig, tier: str) -> 
         return MetricsLayer(inner, tier=tier)
     if name == "verify":
         return VerifyLayer(inner)
+    if name == "quota":
+        assert layers.quota is not None  # LayerConfig checks that the stack and quota agree
+        return QuotaLayer(inner, layers.quota)
     if name == "faults":
         assert layers.faults is not None  # LayerConfig checks that the stack and faults agree
         return FaultInjectionLayer(inner, layers.faults)

@@ -46,6 +46,18 @@ def test_probe_bound_prints_the_peak_beside_the_bound(tmp_path: Path) -> None:
     assert found and 0 < float(found[1]) <= 4.0, result.stdout
 
 
+@pytest.mark.timeout(120)
+def test_probe_quota_prints_each_tenants_peak_and_the_quiet_tenant_intact(tmp_path: Path) -> None:
+    result = _run(
+        "scripts/probe_quota.py", "--root", str(tmp_path), "--seconds", "2", "--writers", "2",
+        "--quota-mib", "4", timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    peaks = re.findall(r"quota 4 MiB; peak on disk ([\d.]+) MiB", result.stdout)
+    assert len(peaks) == 2 and all(0 < float(peak) <= 5.0 for peak in peaks), result.stdout
+    assert "tenant quiet: 2 of 2 values intact" in result.stdout
+
+
 @pytest.mark.timeout(300)
 def test_probe_chain_working_set_prints_each_configuration() -> None:
     result = _run(

@@ -107,6 +107,7 @@ from hicache_storage.kit import (
     write_from,
 )
 from hicache_storage.kit.integrity import RECORD_BYTES, check, record, verify
+from hicache_storage.quota import SQLiteLedger
 
 from .config import FileConfig, capabilities
 from .evictor import LRUCapacity
@@ -125,6 +126,8 @@ FLOOR_SHARE = 100
 """The default free-space floor is the file system's size divided by this (1 %): see
 :attr:`~.config.FileConfig.min_free_bytes`."""
 
+QUOTA_LEDGER = ".hicache-quota.sqlite"
+"""The quota ledger's file in the root: a leading dot, so it is never a key's object."""
 _MISSING = (FileNotFoundError, NotADirectoryError)
 _MISSING_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR})
 _META_LIMIT = 1 << 18
@@ -660,6 +663,10 @@ class FileBackend(StorageBackend):
         if unlisted:
             directory, error = unlisted[0]
             raise _io_error(f"clear {directory!r}", error) from error
+
+    def quota_ledger(self) -> SQLiteLedger:
+        """Return the ledger in this root (``.hicache-quota.sqlite``, never a key's name)."""
+        return SQLiteLedger(os.path.join(self.root, QUOTA_LEDGER))
 
     def stats(self) -> dict[str, Any]:
         """Return the base stats plus the index (objects, bytes, evictions) and ``capacity``."""

@@ -91,6 +91,7 @@ from hicache_storage.kit import (
     current_deadline,
     flat,
 )
+from hicache_storage.quota import RedisLedger
 from hicache_storage.redact import redact_text
 
 from .config import MAX_VALUE_SIZE, RedisConfig, capabilities
@@ -916,6 +917,10 @@ class RedisBackend(StorageBackend):
                         self._run([("UNLINK", name) for name in found[part]], found[part])
                 if cursor == 0:
                     break
+
+    def quota_ledger(self) -> RedisLedger:
+        """Return a ledger beside this namespace's pages, on a client of its own."""
+        return RedisLedger(connect(self.config, pass_through=False), self.config.namespace)
 
     def stats(self) -> dict[str, Any]:
         """Return the mode, the servers, round trips made, errors by reason and ``capacity``.

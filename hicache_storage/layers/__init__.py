@@ -8,6 +8,7 @@ from .degrade import DegradeLayer
 from .faults import FaultInjectionLayer
 from .health import HealthLayer
 from .metrics import MetricsLayer
+from .quota import QuotaLayer
 from .validation import ValidationLayer
 from .verify import VerifyLayer
 
@@ -19,6 +20,7 @@ __all__ = [
     "ForwardingBackend",
     "HealthLayer",
     "MetricsLayer",
+    "QuotaLayer",
     "ValidationLayer",
     "VerifyLayer",
 ]
