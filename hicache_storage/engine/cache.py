@@ -61,6 +61,7 @@ from hicache_storage.errors import ConfigError, HostPoolError
 from hicache_storage.hostpool import HostKVPool, PageAllocator, UnifiedObjectPool
 from hicache_storage.kernels import DevicePool, KVTransfer
 from hicache_storage.keys import KeyScheme, ObjectFormat, RankSuffixScheme, UnifiedPlan
+from hicache_storage.layers import watch_planner
 from hicache_storage.planner import Planner
 from hicache_storage.planner.rates import CostModel
 
@@ -204,6 +205,8 @@ class TierCache:
         transfer = None if host_pool is None else KVTransfer(device_pool, host_pool, sm_budget=sms)
         costs = CostModel()
         planner = Planner(config.page_size, costs=costs)
+        if backend is not None:
+            watch_planner(planner, backend.name)
         token_bytes = device_pool.row_nbytes * device_pool.num_kv * device_pool.layer_num
         decide = decisions_for(config.prefetch.policy)
         io: StorageIO | None = None

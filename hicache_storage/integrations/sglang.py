@@ -72,6 +72,7 @@ from hicache_storage.keys import (
     weights_fingerprint,
 )
 from hicache_storage.keys.identity import local_snapshot
+from hicache_storage.layers import watch_planner
 
 from .sglang_planner import ReadCall, SGLangPlanner, planner_settings
 
@@ -485,6 +486,7 @@ class SGLangStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang ships no ty
         )
         probe = self._kv_keys([_PROBE_HASH])[0]
         planner.probe(lambda: self.backend.get(probe))
+        watch_planner(planner.planner, self.backend.name)
         return planner
 
     def _unified_plan_for(self, pool: HostKVPool) -> UnifiedPlan:

@@ -8,6 +8,7 @@ from .degrade import DegradeLayer
 from .faults import FaultInjectionLayer
 from .health import HealthLayer
 from .metrics import MetricsLayer
+from .outcomes import watch_planner
 from .quota import QuotaLayer
 from .validation import ValidationLayer
 from .verify import VerifyLayer
@@ -23,4 +24,5 @@ __all__ = [
     "QuotaLayer",
     "ValidationLayer",
     "VerifyLayer",
+    "watch_planner",
 ]

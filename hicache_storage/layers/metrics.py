@@ -1,8 +1,11 @@
 """Count and time every operation; readable through ``stats()`` and exported to Prometheus.
 
 Prometheus metrics are created once per process (the client refuses a second registration) and
-only when ``prometheus_client`` is importable. Labels are backend, tier (its place in a chain of
-tiers, empty for a backend of its own), operation and outcome, never the key. Under
+only when ``prometheus_client`` is importable. Beside the per-call series, two families are read
+at scrape time: how full each store is (``hicache_storage_capacity_bytes``) and what became of
+each page (``hicache_storage_pages_total``, :mod:`~hicache_storage.layers.outcomes`). Labels are
+backend, tier (its place in a chain of tiers, empty for a backend of its own), operation and
+outcome, never the key. Under
 ``PROMETHEUS_MULTIPROC_DIR`` plain counters and histograms keep working.
 """
 
@@ -21,13 +24,14 @@ from typing_extensions import Buffer
 
 from ..buffers import as_readable
 from ..capacity import MEASURES
-from ..errors import HiCacheError
+from ..errors import BackendError, HiCacheError
 from .base import ForwardingBackend
+from .outcomes import OutcomeCollector
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["LATENCY_BUCKETS_S", "MetricsLayer"]
+__all__ = ["LATENCY_BUCKETS_S", "MetricsLayer", "outcome_collector"]
 
 T = TypeVar("T")
 
@@ -43,6 +47,7 @@ class _Prometheus(NamedTuple):
     seconds: Any
     bytes: Any
     capacity: _CapacityCollector
+    outcomes: OutcomeCollector
 
 
 class _CapacityCollector:
@@ -104,8 +109,11 @@ def _prometheus() -> _Prometheus | None:
         return None
     capacity = _CapacityCollector()
     prom.REGISTRY.register(capacity)
+    outcomes = OutcomeCollector(capacity.layers)
+    prom.REGISTRY.register(outcomes)
     return _Prometheus(
         capacity=capacity,
+        outcomes=outcomes,
         keys=prom.Counter(
             "hicache_storage_keys", "Keys handled, by outcome", ["backend", "tier", "op", "outcome"]
         ),
@@ -123,6 +131,12 @@ def _prometheus() -> _Prometheus | None:
             "hicache_storage_bytes", "Bytes moved", ["backend", "tier", "direction"]
         ),
     )
+
+
+def outcome_collector() -> OutcomeCollector | None:
+    """Return the process's collector of page outcomes (None without ``prometheus_client``)."""
+    prom = _prometheus()
+    return None if prom is None else prom.outcomes
 
 
 class _OpStats:
@@ -239,12 +253,14 @@ class MetricsLayer(ForwardingBackend):
         op: str,
         call: Callable[[], T],
         outcome: Callable[[T], tuple[dict[str, int], tuple[str, int] | None]],
+        keys: int = 1,
     ) -> T:
         start = time.perf_counter()
         try:
             result = call()
         except HiCacheError as exc:
-            self._record(op, time.perf_counter() - start, {}, None, type(exc).__name__)
+            failed = {"failed": keys} if isinstance(exc, BackendError) else {}
+            self._record(op, time.perf_counter() - start, failed, None, type(exc).__name__)
             raise
         outcomes, moved = outcome(result)
         self._record(op, time.perf_counter() - start, outcomes, moved)
@@ -282,6 +298,7 @@ class MetricsLayer(ForwardingBackend):
             "batch_get",
             lambda: self.inner.batch_get(keys, outs),
             lambda r: (_hits(r), ("read", sum(s for s, hit in zip(sizes, r, strict=True) if hit))),
+            len(keys),
         )
 
     def batch_set(self, keys: Sequence[str], values: Sequence[Buffer]) -> list[bool]:
@@ -291,6 +308,7 @@ class MetricsLayer(ForwardingBackend):
             "batch_set",
             lambda: self.inner.batch_set(keys, values),
             lambda r: (_oks(r), ("written", sum(s for s, ok in zip(sizes, r, strict=True) if ok))),
+            len(keys),
         )
 
     def batch_exists(self, keys: Sequence[str]) -> int:
@@ -299,6 +317,7 @@ class MetricsLayer(ForwardingBackend):
             "batch_exists",
             lambda: self.inner.batch_exists(keys),
             lambda r: ({"hit": r, "miss": len(keys) - r}, None),
+            len(keys),
         )
 
     def batch_get_v1(
@@ -309,6 +328,7 @@ class MetricsLayer(ForwardingBackend):
             "batch_get_v1",
             lambda: self.inner.batch_get_v1(keys, host_indices),
             lambda r: (_hits(r), ("read", sum(r) * self.inner.host_pool.page_nbytes)),
+            len(keys),
         )
 
     def batch_set_v1(
@@ -319,6 +339,7 @@ class MetricsLayer(ForwardingBackend):
             "batch_set_v1",
             lambda: self.inner.batch_set_v1(keys, host_indices),
             lambda r: (_oks(r), ("written", sum(r) * self.inner.host_pool.page_nbytes)),
+            len(keys),
         )
 
     def delete(self, key: str) -> bool:

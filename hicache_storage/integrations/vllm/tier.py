@@ -58,6 +58,7 @@ from hicache_storage.integrations.vllm.planning import TierPlanner
 from hicache_storage.integrations.vllm.prefill import PrefillClock
 from hicache_storage.integrations.vllm.pressure import PlannerPressure
 from hicache_storage.keys import kv_settings, model_identity, weights_fingerprint
+from hicache_storage.layers import watch_planner
 from hicache_storage.planner import Planner, WritePlan
 
 __all__ = ["HiCacheTier", "chunk_format"]
@@ -316,6 +317,7 @@ class HiCacheTier(SecondaryTierManager):  # type: ignore[misc]  # vLLM ships no 
         self._prober: threading.Thread | None = None
         if settings.planner:
             self._plan = _tier_planner(settings, self.format)
+            watch_planner(self._plan.planner, backend.name)
             if backpressure_detector is None:
                 self._bp_detector = PlannerPressure(self._plan.write_s_per_page, row_bytes)
             self._prober = threading.Thread(
