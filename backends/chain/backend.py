@@ -39,7 +39,7 @@ from hicache_storage.kit.parallel import Beside
 
 from .behind import WriteBehind
 from .config import ChainConfig
-from .promotion import HitCountPromotion
+from .promotion import HitCountPromotion, PromotionPays
 from .turns import KeyTurns
 
 if TYPE_CHECKING:
@@ -49,6 +49,9 @@ __all__ = ["ChainBackend", "ChainConfig", "chain_capabilities"]
 
 TURNS: Final = KeyTurns()
 """The keys being written through any chain of this process (see :mod:`.turns`)."""
+
+_READ_KINDS: Final = ("first_read", "later_read")
+"""The rate a tier's read call feeds (:meth:`PromotionPays.observe`), by ``index > 0``."""
 
 PROMOTION_BACKOFF_S: Final = (1.0, 60.0)
 """After a tier fails to store a promoted page (full, read-only, unreachable), promotions into it
@@ -121,6 +124,7 @@ class ChainBackend(StorageBackend):
             raise
         self.capabilities = chain_capabilities([t.backend.capabilities for t in self._tiers])
         self._promotion = HitCountPromotion(config.promote_after_hits)
+        self._pays = PromotionPays()
         self._lock = threading.Lock()
         self._behind = (
             WriteBehind(
@@ -142,13 +146,23 @@ class ChainBackend(StorageBackend):
     def get(self, key: str, out: Buffer | None = None) -> Buffer | None:
         """Return the value from the first tier holding ``key``; promote it if admitted."""
         for index, tier in enumerate(self._tiers):
+            began = time.monotonic()
             value = tier.backend.get(key, out)
+            seconds = time.monotonic() - began
+            self._pays.observe(_READ_KINDS[index > 0], value is not None, seconds)
             if value is not None:
                 self._count_hits(index, 1)
-                if index > 0 and self._promotion.admit([key])[0]:
+                self._pays.served([key] if index == 0 else [], [key] if index else [])
+                if index > 0 and self._admit([key])[0]:
                     self._promote(index, 1, _setter([key], [value]))
                 return value
         return None
+
+    def _admit(self, keys: Sequence[str]) -> list[bool]:
+        """Which later-tier hits to promote: read often enough, and while promotions pay."""
+        counted = self._promotion.admit(keys)
+        chosen = iter(self._pays.choose([k for k, ok in zip(keys, counted, strict=True) if ok]))
+        return [ok and next(chosen) for ok in counted]
 
     def exists(self, key: str) -> bool:
         """Return whether any tier holds ``key`` (the fastest asked first)."""
@@ -216,7 +230,9 @@ class ChainBackend(StorageBackend):
         for index, tier in enumerate(self._tiers):
             if not left:
                 break
+            began = time.monotonic()
             found = read(tier.backend, left)
+            self._pays.observe(_READ_KINDS[index > 0], sum(found), time.monotonic() - began)
             missed = []
             for position, hit in zip(left, found, strict=True):
                 if hit:
@@ -227,8 +243,12 @@ class ChainBackend(StorageBackend):
             self._count_hits(index, len(left) - len(missed))
             left = missed
         later = [i for i in range(count) if hits[i] and served[i] > 0]
+        self._pays.served(
+            [keys[i] for i in range(count) if hits[i] and served[i] == 0],
+            [keys[i] for i in later],
+        )
         if later:
-            admitted = self._promotion.admit([keys[i] for i in later])
+            admitted = self._admit([keys[i] for i in later])
             for index in range(1, len(self._tiers)):
                 chosen = [
                     i for i, ok in zip(later, admitted, strict=True) if ok and served[i] == index
@@ -242,12 +262,15 @@ class ChainBackend(StorageBackend):
     ) -> None:
         """Store ``count`` pages tier ``served_by`` served into each earlier tier that can."""
         now = time.monotonic()
-        for tier in self._tiers[:served_by]:
+        for index, tier in enumerate(self._tiers[:served_by]):
             with self._lock:
                 if now < tier.promote_from:
                     tier.promotion_shed += count
                     continue
+            began = time.monotonic()
             stored = write(tier.backend)
+            if index == 0:
+                self._pays.observe("first_write", count, time.monotonic() - began)
             with self._lock:
                 tier.promoted += sum(stored)
                 tier.promotion_failed += len(stored) - sum(stored)
@@ -369,7 +392,7 @@ class ChainBackend(StorageBackend):
         return self._behind.flush(wait)
 
     def stats(self) -> dict[str, Any]:
-        """Per tier: its hits, promotions into it, and its own stats; write-behind's counts."""
+        """Per tier: hits, promotions into it, its own stats; promotions' fates; write-behind."""
         with self._lock:
             tiers = [
                 {
@@ -388,6 +411,7 @@ class ChainBackend(StorageBackend):
             "write_policy": self._config.write_policy,
             "tiers": tiers,
         }
+        out["promotion"] = self._pays.stats()
         if self._behind is not None:
             out["write_behind"] = self._behind.stats()
         return out
