@@ -14,6 +14,9 @@
 #   outgrow           16 clients x 6 rounds whose histories outgrow the host pool
 #   outgrow-long      8 clients x 10 rounds: histories of up to 20k tokens, 3x device and host
 #   overflow-70b      16 documents x 3 queries on 20 layers of the Llama-3-70B shape
+#   overflow-chain    overflow with L3 = a chain: a file tier bounded at a quarter of the KV (6 GiB)
+#                     in front of the file backend on another directory (write-through)
+#   overflow-chain-behind  the same chain writing its second tier behind the first
 # Needs the package installed and one CUDA GPU; the stores live under a temporary directory
 # removed after each step (the GPU host's disk holds 64 GiB). BENCH_ARGS (e.g. "--repeat 3" or
 # "--runs L1+L2,L1+L2+L3") is added to every step's command. L3_PROCESS=1 serves each step's file
@@ -32,6 +35,11 @@ common=(--device cuda --set page_size=64 --set engine.chunk_tokens=8192 --set wo
 documents=(--workload documents --rounds 3 --set workload.document_tokens=8192
            --set workload.question_tokens=64 --set engine.device_tokens=36864)
 file() { echo "{\"root\": \"$l3/$1\"}"; }
+chain() {  # $1: the step, $2: the chain's write policy; the near tier holds a quarter of the KV
+  echo "{\"write_policy\": \"$2\", \"tiers\": [{\"backend\": \"file\", \"options\": {\"root\":" \
+    "\"$l3/$1/near\", \"max_bytes\": 6442450944}}, {\"backend\": \"file\", \"options\":" \
+    "{\"root\": \"$l3/$1/far\"}}]}"
+}
 threefs() {  # 8 MiB slots: one page of the 8B shape (64 tokens x 128 KiB); 16 files: writes to one file are serialised
   echo "{\"path\": \"$l3/$1\", \"slot_bytes\": 8388608, \"file_size\": 2147483648, \"file_count\": 16}"
 }
@@ -96,6 +104,11 @@ for step in $steps; do
     overflow-70b)
       bench "$step" --model 70b-layers "${common[@]}" "${documents[@]}" --clients 16 \
         --set engine.host_tokens=40960 --backend file --config "$(file "$step")" ;;
+    overflow-chain | overflow-chain-behind)
+      chain_writes=through
+      [[ $step == overflow-chain-behind ]] && chain_writes=behind
+      bench "$step" --model 8b "${common[@]}" "${documents[@]}" --clients 24 \
+        --set engine.host_tokens=81920 --backend chain --config "$(chain "$step" "$chain_writes")" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
