@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hicache_storage import StorageBackend, create_backend
-from hicache_storage.config import LayerConfig, QuotaConfig
+from hicache_storage import StorageBackend, create_backend, open_backend
+from hicache_storage.config import LayerConfig, QuotaConfig, load_config
 from hicache_storage.errors import BackendUnavailableError, ConfigError
 from hicache_storage.layers import QuotaLayer
 from hicache_storage.quota import SQLiteLedger
@@ -211,3 +211,18 @@ def test_quota_config_is_checked() -> None:
         QuotaConfig(bytes=1, low_watermark=1.0)
     with pytest.raises(ValueError, match="quota"):
         LayerConfig(stack=("degrade", "quota"))
+
+
+def test_a_quota_comes_from_the_config_the_engines_pass(tmp_path: Path) -> None:
+    """SGLang's and vLLM's entry points read a whole config (JSON); a quota is one key of it."""
+    config = load_config(
+        {
+            "backend": "file",
+            "options": {"root": str(tmp_path)},
+            "layers": {"quota": {"bytes": VALUE}},
+        }
+    )
+    backend = open_backend(config)
+    assert backend.set("a", bytes(VALUE)) and backend.set("b", bytes(VALUE))
+    assert not backend.exists("a") and backend.stats()["quota"]["pages"] == 1
+    backend.close()
