@@ -226,3 +226,13 @@ def test_a_quota_comes_from_the_config_the_engines_pass(tmp_path: Path) -> None:
     assert backend.set("a", bytes(VALUE)) and backend.set("b", bytes(VALUE))
     assert not backend.exists("a") and backend.stats()["quota"]["pages"] == 1
     backend.close()
+
+
+def test_a_damaged_ledger_is_a_store_error_and_close_twice_is_quiet(tmp_path: Path) -> None:
+    backend = _backend(tmp_path)
+    backend.set("a", bytes(VALUE))
+    (tmp_path / ".hicache-quota.sqlite").write_bytes(b"not a database" * 512)
+    assert backend.set("b", bytes(VALUE)) is False  # a counted miss, not an exception
+    assert sum(backend.stats()["degraded"]["errors"]["set"].values()) == 1
+    backend.close()
+    backend.close()

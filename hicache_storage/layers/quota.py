@@ -256,6 +256,8 @@ class QuotaLayer(ForwardingBackend):
 
     def close(self) -> None:
         """Write the gathered reads (if the ledger answers), close the ledger and the backend."""
+        if self.closed:
+            return
         try:
             self._ledger.touch(self._take_touches())
         except BackendError:

@@ -9,6 +9,7 @@ the ledger is never half-written.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import uuid
@@ -61,16 +62,17 @@ class SQLiteLedger:
                 db.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
                 raise BackendTimeoutError(f"quota ledger {self.path!r}: {exc}") from exc
+            except sqlite3.Error as exc:  # closed, or not a database
+                raise BackendUnavailableError(f"quota ledger {self.path!r}: {exc}") from exc
             try:
                 yield db
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            try:
                 db.execute("COMMIT")
-            except sqlite3.Error as exc:
-                db.execute("ROLLBACK")
+            except sqlite3.Error as exc:  # a damaged or vanished file: an error of the store
+                _rollback(db)
                 raise BackendUnavailableError(f"quota ledger {self.path!r}: {exc}") from exc
+            except BaseException:
+                _rollback(db)
+                raise
 
     def reserve(
         self,
@@ -174,6 +176,11 @@ class SQLiteLedger:
         """See :meth:`QuotaLedger.close`."""
         with self._lock:
             self._db.close()
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    with contextlib.suppress(sqlite3.Error):  # no transaction left to roll back
+        db.execute("ROLLBACK")
 
 
 def _used(db: sqlite3.Connection) -> int:
