@@ -7,6 +7,8 @@ engine that takes one storage backend (SGLang's ``dynamic`` entry, vLLM's tier) 
   read is served by the first tier holding each page, and a page a later tier served is
   promoted into the earlier tiers when :class:`~.promotion.HitCountPromotion` admits it, inside
   the call, from the bytes the call just read (in the caller's buffers or host-pool pages);
+* pages (written or promoted) go into the first tier only while that is measured to pay for
+  its writes (:class:`~.promotion.FirstTierPays`);
 * a write stores every tier at once (``write_policy="through"``) or the first tier, the later
   ones from a queue (``"behind"``, :mod:`.behind`);
 * each tier is built with layers of its own (degrade-to-miss and health by default), so a tier
@@ -39,7 +41,7 @@ from hicache_storage.kit.parallel import Beside
 
 from .behind import WriteBehind
 from .config import ChainConfig
-from .promotion import HitCountPromotion, PromotionPays
+from .promotion import FirstTierPays, HitCountPromotion
 from .turns import KeyTurns
 
 if TYPE_CHECKING:
@@ -51,7 +53,7 @@ TURNS: Final = KeyTurns()
 """The keys being written through any chain of this process (see :mod:`.turns`)."""
 
 _READ_KINDS: Final = ("first_read", "later_read")
-"""The rate a tier's read call feeds (:meth:`PromotionPays.observe`), by ``index > 0``."""
+"""The rate a tier's read call feeds (:meth:`FirstTierPays.observe`), by ``index > 0``."""
 
 PROMOTION_BACKOFF_S: Final = (1.0, 60.0)
 """After a tier fails to store a promoted page (full, read-only, unreachable), promotions into it
@@ -124,7 +126,7 @@ class ChainBackend(StorageBackend):
             raise
         self.capabilities = chain_capabilities([t.backend.capabilities for t in self._tiers])
         self._promotion = HitCountPromotion(config.promote_after_hits)
-        self._pays = PromotionPays()
+        self._pays = FirstTierPays()
         self._lock = threading.Lock()
         self._behind = (
             WriteBehind(
@@ -328,9 +330,12 @@ class ChainBackend(StorageBackend):
     ) -> list[bool]:
         """Write positions ``0..count`` by the write policy; per position, whether stored."""
         if self._behind is None:
-            return TURNS.write(keys, lambda picked: self._write_through(picked, write))
+            return TURNS.write(keys, lambda picked: self._write_through(picked, write, keys))
         everything = list(range(count))
-        first = write(self._tiers[0].backend, everything)
+        near = self._near(everything, keys)
+        first = [False] * count
+        for position, ok in zip(near, self._write_first(write, near), strict=True):
+            first[position] = ok
         kept = [i for i in everything if first[i]]
         if kept:
             self._behind.offer([keys[i] for i in kept], [sizes[i] for i in kept])
@@ -346,15 +351,38 @@ class ChainBackend(StorageBackend):
         return stored
 
     def _write_through(
-        self, picked: list[int], write: Callable[[StorageBackend, list[int]], list[bool]]
+        self,
+        picked: list[int],
+        write: Callable[[StorageBackend, list[int]], list[bool]],
+        keys: Sequence[str],
     ) -> list[bool]:
-        """Store positions ``picked`` in every tier at once; per position, whether any holds it."""
+        """Store ``picked`` in every tier at once (the first while it pays); whether any has it."""
         later = [
             Beside(write, t.backend, picked, name="hicache-chain-tier") for t in self._tiers[1:]
         ]
-        results = [write(self._tiers[0].backend, picked)]
+        near = self._near(picked, keys)
+        first = dict(zip(near, self._write_first(write, near), strict=True))
+        results = [[first.get(position, False) for position in picked]]
         results += [run.result() for run in later]
         return [any(column) for column in zip(*results, strict=True)]
+
+    def _near(self, picked: list[int], keys: Sequence[str]) -> list[int]:
+        """Return the positions of ``picked`` to write into the first tier (all, with one tier)."""
+        if len(self._tiers) == 1 or not picked:
+            return picked
+        chosen = self._pays.choose([keys[i] for i in picked])
+        return [i for i, ok in zip(picked, chosen, strict=True) if ok]
+
+    def _write_first(
+        self, write: Callable[[StorageBackend, list[int]], list[bool]], near: list[int]
+    ) -> list[bool]:
+        """Write ``near`` into the first tier, timing it for :class:`FirstTierPays`."""
+        if not near:
+            return []
+        began = time.monotonic()
+        stored = write(self._tiers[0].backend, near)
+        self._pays.observe("first_write", len(near), time.monotonic() - began)
+        return stored
 
     # -- housekeeping -----------------------------------------------------------------------------
 
@@ -411,7 +439,7 @@ class ChainBackend(StorageBackend):
             "write_policy": self._config.write_policy,
             "tiers": tiers,
         }
-        out["promotion"] = self._pays.stats()
+        out["first_tier"] = self._pays.stats()
         if self._behind is not None:
             out["write_behind"] = self._behind.stats()
         return out

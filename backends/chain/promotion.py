@@ -1,7 +1,8 @@
-"""When a page a later tier served is copied into the earlier tiers: two policies of their own.
+"""Which pages the first tier gets: two policies of their own.
 
-:class:`HitCountPromotion` admits a page by how often it was read; :class:`PromotionPays` then
-promotes only while promotions are measured to pay (below).
+:class:`HitCountPromotion` admits a page a later tier served by how often it was read;
+:class:`FirstTierPays` places pages in the first tier (written or promoted) only while that is
+measured to pay (below).
 
 A page read once from a remote tier may never be read again (a one-off document); copying it
 into the local tier would evict a page that is. Counting reads before promoting (LMCache's and
@@ -13,11 +14,11 @@ in a bounded table (oldest key forgotten first), so a scan of new keys cannot gr
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Final
 
-__all__ = ["COUNTED_KEYS", "HitCountPromotion", "PromotionPays"]
+__all__ = ["COUNTED_KEYS", "FirstTierPays", "HitCountPromotion"]
 
 COUNTED_KEYS: Final = 65536
 """Keys whose later-tier reads are remembered: a few MB of memory, well above the pages an
@@ -52,43 +53,47 @@ class HitCountPromotion:
         return admitted
 
 
-PROMOTION_OUTCOMES: Final = 64
-"""Promotions whose fate (read again from the tier they were copied into, or gone from it
-before that read) decides whether the next page is promoted: enough for a share to mean
-something, few enough to follow a workload that changes."""
+PLACEMENTS_REMEMBERED: Final = 64
+"""Placements into the first tier the measure remembers (older ones weigh less, by
+``1 - 1/64`` a placement): enough to mean something, few enough to follow a workload that
+changes."""
 
 SAMPLE_EVERY: Final = 16
-"""While promotions do not pay, one admitted page in this many is still promoted, so the
+"""While the first tier does not pay, one page in this many is still placed there, so the
 measure stays current (a workload whose reuse returns is seen again) at a sixteenth of the
-promotions' cost."""
+cost."""
 
 _WEIGHT: Final = 0.25
 """Weight of a new call in a tier's seconds a page (the planner's rates use the same)."""
 
 
-class PromotionPays:
-    """Whether promotions into the first tier pay for the writes they cost, measured.
+class FirstTierPays:
+    """Whether placing pages in the first tier pays for the writes it costs, measured.
 
-    A promotion writes the page into the first tier inside the read that served it from a later
-    tier. It pays when the page is read from the first tier afterwards: each such read saves
-    ``later read - first read`` seconds, and the promotion cost one write into the first tier.
-    A promoted page read again from a later tier left the first tier unread (the first tier
-    holds less than the pages cycling through it), and its promotion was wasted. Promotion goes
-    on while ``share paid * (later read - first read) >= first write`` over the last
-    :data:`PROMOTION_OUTCOMES` outcomes (a first tier never read yet reads for free), and always
-    until 8 outcomes and the later read and first write are measured; otherwise one admitted
-    page in :data:`SAMPLE_EVERY`.
+    A page is placed in the first tier by a write (``through``: beside the later tiers;
+    ``behind``: before them) or by a promotion, inside the read that served it from a later
+    tier; each placement costs one write into the first tier. A read of a placed page from the
+    first tier saves ``later read - first read`` seconds; a read of it from a later tier means
+    it left the first tier first (the first tier holds less than the pages cycling through it,
+    a scan, documents read in turn) or saves nothing. Pages go on being placed while the reads
+    saved pay for the writes: ``first-tier reads x (later read - first read) >= placements x
+    first write``, over decayed counts of the last :data:`PLACEMENTS_REMEMBERED` placements (a
+    first tier never read yet reads for free), and always until 8 placements, a later read and
+    a first write are measured; otherwise one page in :data:`SAMPLE_EVERY` is placed. Two tiers
+    on one disk save nothing and stop; a hot set the first tier holds pays many times over.
     """
 
     def __init__(self, *, counted_keys: int = COUNTED_KEYS) -> None:
         self._counted_keys = counted_keys
         self._lock = threading.Lock()
-        self._promoted: OrderedDict[str, None] = OrderedDict()
-        self._outcomes: deque[bool] = deque(maxlen=PROMOTION_OUTCOMES)
+        self._placed: OrderedDict[str, None] = OrderedDict()
+        self._placements = 0.0
+        self._near_reads = 0.0
         self._rates: dict[str, float] = {}
         self._skipped = 0
-        self.paid = 0
-        self.unpaid = 0
+        self.placed = 0
+        self.near_reads = 0
+        self.left_unread = 0
         self.withheld = 0
 
     def observe(self, kind: str, pages: int, seconds: float) -> None:
@@ -104,49 +109,54 @@ class PromotionPays:
             self._rates[kind] = per_page if old is None else old + _WEIGHT * (per_page - old)
 
     def served(self, first: Sequence[str], later: Sequence[str]) -> None:
-        """Record the pages the first tier and the later tiers served: the promotions' fates."""
+        """Record the pages the first tier and the later tiers served: what placements saved."""
         with self._lock:
-            for key, paid in [(k, True) for k in first] + [(k, False) for k in later]:
-                if key in self._promoted:
-                    del self._promoted[key]
-                    self._outcomes.append(paid)
-                    if paid:
-                        self.paid += 1
-                    else:
-                        self.unpaid += 1
+            for key in first:
+                if key in self._placed:
+                    self._near_reads += 1
+                    self.near_reads += 1
+            for key in later:
+                if key in self._placed:
+                    del self._placed[key]
+                    self.left_unread += 1
 
     def choose(self, keys: Sequence[str]) -> list[bool]:
-        """Return which of the admitted ``keys`` to promote now; remember those promoted."""
+        """Return which of ``keys`` to place in the first tier now; remember those placed."""
         with self._lock:
             pays = self._pays()
             chosen = []
+            keep = 1.0 - 1.0 / PLACEMENTS_REMEMBERED
             for key in keys:
                 take = pays or self._skipped % SAMPLE_EVERY == 0
                 if not pays:
                     self._skipped += 1
                 if take:
-                    self._promoted[key] = None
-                    while len(self._promoted) > self._counted_keys:
-                        self._promoted.popitem(last=False)
+                    self._placed[key] = None
+                    self._placed.move_to_end(key)
+                    while len(self._placed) > self._counted_keys:
+                        self._placed.popitem(last=False)
+                    self._placements = self._placements * keep + 1
+                    self._near_reads *= keep
+                    self.placed += 1
                 else:
                     self.withheld += 1
                 chosen.append(take)
             return chosen
 
     def _pays(self) -> bool:
-        outcomes = self._outcomes
         rates = self._rates
-        if len(outcomes) < 8 or "later_read" not in rates or "first_write" not in rates:
+        if self.placed < 8 or "later_read" not in rates or "first_write" not in rates:
             return True
-        saved = rates["later_read"] - rates.get("first_read", 0.0)  # unread: free at best
-        return sum(outcomes) / len(outcomes) * saved >= rates["first_write"]
+        saved = rates["later_read"] - rates.get("first_read", 0.0)
+        return self._near_reads * saved >= self._placements * rates["first_write"]
 
     def stats(self) -> dict[str, object]:
-        """Return the promotions' fates so far and the rates weighed (seconds a page)."""
+        """Return the placements so far, what they saved, and the rates weighed."""
         with self._lock:
             return {
-                "paid": self.paid,
-                "unpaid": self.unpaid,
+                "placed": self.placed,
+                "near_reads": self.near_reads,
+                "left_unread": self.left_unread,
                 "withheld": self.withheld,
                 "pays": self._pays(),
                 "s_per_page": dict(self._rates),
