@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -42,6 +43,9 @@ Outcome = Literal["passed", "failed", "skipped", "error"]
 
 _POLL_S = 0.1
 """How often :func:`run_suite` reads new progress lines while the suite runs."""
+
+TIMED_OUT = 124
+""":func:`run_suite`'s exit code for a suite killed at its ``timeout_s`` (as ``timeout(1)``)."""
 
 
 class CheckResult(msgspec.Struct, kw_only=True):
@@ -308,6 +312,7 @@ def run_suite(
     *,
     output: IO[Any] | None = None,
     progress: Callable[[ProgressEvent], None] | None = None,
+    timeout_s: float | None = None,
 ) -> int:
     """Run the conformance suite against backend ``name`` in a subprocess; return its exit code.
 
@@ -328,6 +333,10 @@ def run_suite(
         A file that receives pytest's output (stdout and stderr); by default it is inherited.
     progress
         Called in this process with each :data:`ProgressEvent` while the suite runs.
+    timeout_s
+        The longest the suite process may run; past it, it is killed and the exit code is
+        :data:`TIMED_OUT` (a backend that leaves threads behind can hold a finished suite at
+        interpreter exit, where the per-check limits do not reach). None waits for it.
     """
     if config_source is None:
         config = ""
@@ -373,18 +382,24 @@ def run_suite(
         streams: dict[str, Any] = {}
         if output is not None:
             streams = {"stdout": output, "stderr": subprocess.STDOUT}
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with subprocess.Popen(command, cwd=workdir, env=_child_env(), **streams) as suite:
             try:
-                while reader is not None:
+                while True:
                     try:
-                        suite.wait(timeout=_POLL_S)
+                        code = suite.wait(timeout=_POLL_S)
                     except subprocess.TimeoutExpired:
-                        reader.poll()
+                        if reader is not None:
+                            reader.poll()
+                        if deadline is not None and time.monotonic() > deadline:
+                            suite.kill()
+                            suite.wait()
+                            return TIMED_OUT
                     else:
-                        reader.poll()
-                        break
+                        if reader is not None:
+                            reader.poll()
+                        return code
             except BaseException:  # interrupted (Ctrl-C, a test's time limit): no orphan suite
                 suite.kill()
                 suite.wait()
                 raise
-        return suite.wait()

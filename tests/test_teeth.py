@@ -30,6 +30,8 @@ CHECK_TIMEOUT_S = 8
 # The reference backend's whole-suite run: its multi-process checks start interpreters, which
 # take longer than 8 s on a loaded 2-core machine; nothing in it hangs.
 REFERENCE_CHECK_TIMEOUT_S = 60
+# A whole run's limit: a broken backend that leaks threads can hold its finished suite at exit.
+SUITE_TIMEOUT_S = 600
 
 pytestmark = pytest.mark.timeout(1200)
 """The ``reports`` fixture runs every broken backend's suite before the first test (about 60
@@ -113,7 +115,7 @@ def _run(backend: str, workdir: Path, *args: str, check_timeout_s: int = CHECK_T
     """
     options = {"root": str(workdir / "root")} if _needs_root(backend) else None
     extra = ["--timeout", str(check_timeout_s), *args]
-    return run_suite(backend, options, workdir / "report", extra)
+    return run_suite(backend, options, workdir / "report", extra, timeout_s=SUITE_TIMEOUT_S)
 
 
 def _selector(check: str) -> str:
