@@ -335,7 +335,7 @@ def run_suite(
         Called in this process with each :data:`ProgressEvent` while the suite runs.
     timeout_s
         The longest the suite process may run; past it, it is killed and the exit code is
-        :data:`TIMED_OUT` (a backend that leaves threads behind can hold a finished suite at
+        ``TIMED_OUT`` (a backend that leaves threads behind can hold a finished suite at
         interpreter exit, where the per-check limits do not reach). None waits for it.
     """
     if config_source is None:
