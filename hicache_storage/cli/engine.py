@@ -296,9 +296,10 @@ def _render_shortfall(runs: Sequence[RunResult], console: Console) -> None:
             "priced out: fetches that read nothing, recompute being cheaper; no room: fetches "
             "that found no host room for what storage held; pages cut: found but not read "
             "before their request went; pages lost: computed pages that left the cache "
-            "unwritten; pages shed: writes the planner shed, by rule (absorb: the store writes "
-            "slower than it is offered pages; failing: its last writes stored nothing; unread: "
-            "a page reads back slower than it computes; probe: a write measuring it ran)"
+            "unwritten; pages shed: writes the planner shed, by rule (backlog: more pages "
+            "waited behind them than the writer's room; failing: its last writes stored "
+            "nothing; unread: a page reads back slower than it computes; probe: a write "
+            "measuring it ran)"
         ),
     )
     for run in stored:

@@ -229,6 +229,9 @@ class TierCache:
                 idle_writes=config.threads.idle_writes,
                 shed_failing=decide.sheds_failing,
                 planner=planner if decide.plans_writes else None,
+                write_room_pages=max(
+                    1, int(host_pool.size * config.write.backlog) // config.page_size
+                ),
                 pool=registered,
             )
             if config.threads.switch_interval_s is not None:

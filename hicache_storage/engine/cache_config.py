@@ -75,7 +75,9 @@ class WriteConfig:
         pages are pinned on the host until stored; when prefill produces KV faster than a
         trickling writer stores it, the host fills with them, and the fetches that follow wait
         for writes to make room (measured on the H200: 1.1-2.2 s of a run, and requests priced
-        out of their fetches). 1.0 hurries only when making room has to wait.
+        out of their fetches). 1.0 hurries only when making room has to wait. Under the
+        planner (``adaptive``) it is also the queue's room: backups waiting behind more than
+        this share are shed, oldest first (the planner's ``backlog`` rule).
     """
 
     policy: WritePolicy = WritePolicy.WRITE_THROUGH

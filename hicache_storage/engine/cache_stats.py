@@ -67,8 +67,8 @@ class CacheStats:
     nothing); the rest, because it read back far slower than recompute."""
     backup_pages_shed: dict[str, int] = field(default_factory=dict)
     """Pages of backups the planner's back-pressure shed (:meth:`Planner.offer
-    <hicache_storage.planner.Planner.offer>`), by the rule that shed them: ``absorb`` (the
-    writer was offered pages faster than the store writes them), ``failing`` (its last writes
+    <hicache_storage.planner.Planner.offer>`), by the rule that shed them: ``backlog`` (more
+    pages waited in the writer's queue behind them than its room), ``failing`` (its last writes
     stored nothing), ``unread`` (reading a page back costs more than computing it) or
     ``probe`` (a write measuring the store was in flight). Each was released unwritten at once,
     as a failed write is: not counted in ``backups_failed``."""

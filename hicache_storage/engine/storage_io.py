@@ -112,6 +112,11 @@ class StorageIO:
         (:meth:`Planner.offer <hicache_storage.planner.Planner.offer>`, told how each ended with
         :meth:`Planner.done <hicache_storage.planner.Planner.done>`); a backup it sheds is
         reported unwritten with ``shed_by`` set. None writes every backup.
+    write_room_pages
+        How many pages queued backups may hold on the host: the planner is told the pages
+        waiting behind each offer and this room (its ``backlog`` rule), and sheds the oldest
+        backups while the queue is longer, so the writer is never idle while pages wait. None
+        leaves the planner to price the writer's offers by rate alone (its ``absorb`` rule).
     pool
         The host pool the caller registered with ``backend``. A backend addresses one
         registered pool; if another user of the same backend object registers its own, every
@@ -135,6 +140,7 @@ class StorageIO:
         idle_writes: bool = False,
         shed_failing: bool = False,
         planner: Planner | None = None,
+        write_room_pages: int | None = None,
         pool: HostPool | None = None,
     ) -> None:
         check_nice(nice)
@@ -155,8 +161,11 @@ class StorageIO:
         self.write_linger_s = write_linger_s
         self.costs = costs
         self.shed_failing = shed_failing
+        if write_room_pages is not None:
+            positive_int("write_room_pages", write_room_pages, ConfigError)
         self.planner = planner
         """Decides which backups the writer makes (``planner`` above); None writes every one."""
+        self.write_room_pages = write_room_pages
         self._objects = object_indices
         self.refused_backups = 0
         self._queries: queue.Queue[object] = queue.Queue()
@@ -541,8 +550,10 @@ class StorageIO:
         pages = [key for job in jobs for key in job.keys[:: max(job.keys_per_page, 1)]]
         if planner is None or not pages:
             return self._write_calls(jobs)[0], None
+        queued = None if self.write_room_pages is None else self._queued_pages()
+        room = self.write_room_pages or 0
         with self._live() as live:  # nothing is asked or told once close gave up on the writer
-            plan = planner.offer(pages) if live else None
+            plan = planner.offer(pages, queued=queued, room=room) if live else None
         if plan is None or not plan.pages:
             return [False] * len(jobs), None if plan is None else plan.rule
         stored = 0
@@ -609,6 +620,11 @@ class StorageIO:
                 pages_stored += (end - first) if ok else 0
             pending = [i for i in pending if stored[i] and cursor[i] < jobs[i].pages]
         return [ok and cursor[i] == jobs[i].pages for i, ok in enumerate(stored)], pages_stored
+
+    def _queued_pages(self) -> int:
+        """Pages of the backups still queued for the writer."""
+        with self._writes.mutex:
+            return sum(job.pages for job in self._writes.queue if isinstance(job, Backup))
 
     def _shedding(self) -> bool:
         """Whether queued backups are dropped unwritten: ``shed_failing`` and a failing store."""

@@ -133,8 +133,13 @@ class Planner:
             self._fetch[plan.rule] += found
         return plan
 
-    def offer(self, keys: Sequence[str]) -> WritePlan:
-        """Decide which of the pages under ``keys`` to write; never blocks."""
+    def offer(self, keys: Sequence[str], *, queued: int | None = None, room: int = 0) -> WritePlan:
+        """Decide which of the pages under ``keys`` to write; never blocks.
+
+        A caller that holds its own queue of writes says how many pages wait behind these
+        (``queued``) and how many it lets wait (``room``): the gate's ``backlog`` rule
+        (:mod:`~hicache_storage.planner.writes`).
+        """
         wanted = self.admission.admit(keys)
         count = sum(wanted)
         none = [False] * len(keys)
@@ -143,7 +148,7 @@ class Planner:
         elif not self._reads_pay():
             plan = WritePlan(none, "unread", "reading a page back costs more than computing it")
         else:
-            ticket = self.gate.offer(count)
+            ticket = self.gate.offer(count, queued=queued, room=room)
             admitted = wanted if ticket.admitted else none
             plan = WritePlan(admitted, ticket.rule, ticket.reason, ticket)
         with self._lock:

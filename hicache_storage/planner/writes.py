@@ -14,8 +14,17 @@ compute. Its rules, in the order they are asked:
 ``probe``
     The store's write rate is unmeasured (no write stored anything lately): one call is admitted
     at a time, so a store of unknown speed holds at most one call's pages while it is measured.
+``backlog``
+    For a caller that tells the gate its queue (``queued``: pages waiting behind this offer,
+    each holding a host page until written or shed, and ``room``: how many such pages it lets
+    the queue hold): admitted while ``queued <= room``, shed otherwise. Every page shed this
+    way leaves the oldest end of a queue longer than its room, so the queue stays within it,
+    and the store is never left idle while pages wait: a burst larger than the store's rate
+    is written as fast as the store writes, within the room, instead of being thinned to that
+    rate while it arrives (which stores less and holds no less room).
 ``absorb``
-    A queue whose arrivals outpace its service grows without bound. The store serves at its
+    For a caller whose queue is its own (an engine's backup thread calling the store itself):
+    a queue whose arrivals outpace its service grows without bound. The store serves at its
     measured seconds a page (:attr:`CostModel.write_s_per_page
     <hicache_storage.planner.rates.CostModel.write_s_per_page>`, a call's time shared by the
     calls beside it); the caller offers at its own measured seconds a page, counting only the
@@ -61,7 +70,8 @@ class WriteTicket:
     pages
         Pages offered.
     rule
-        The rule that decided: ``failing``, ``probe`` or ``absorb`` (see the module).
+        The rule that decided: ``failing``, ``probe``, ``backlog`` or ``absorb`` (see the
+        module).
     reason
         One line saying why, with the rates it weighed.
     started
@@ -104,12 +114,16 @@ class WriteGate:
         self._shed: Counter[str] = Counter()
         self._admitted = 0
 
-    def offer(self, pages: int) -> WriteTicket:
-        """Answer an offer of ``pages`` pages at once: admitted, or shed with its rule."""
+    def offer(self, pages: int, *, queued: int | None = None, room: int = 0) -> WriteTicket:
+        """Answer an offer of ``pages`` pages at once: admitted, or shed with its rule.
+
+        ``queued`` (pages waiting behind this offer) and ``room`` (how many the caller lets
+        wait) select the ``backlog`` rule; without ``queued``, ``absorb`` decides.
+        """
         now = self._clock()
         with self._lock:
             self._measure_offer(now, pages)
-            ticket = self._decide(now, pages)
+            ticket = self._decide(now, pages, queued, room)
             if ticket.admitted:
                 self._admitted += pages
                 self._begin(now)
@@ -149,7 +163,7 @@ class WriteGate:
 
     # -- the rules --------------------------------------------------------------------------------
 
-    def _decide(self, now: float, pages: int) -> WriteTicket:
+    def _decide(self, now: float, pages: int, queued: int | None, room: int) -> WriteTicket:
         if self._failed >= READ_SAMPLES:
             if now - self._probe_at < READ_TTL_S:
                 return WriteTicket(
@@ -164,6 +178,9 @@ class WriteGate:
                     False, pages, "probe", "the store's write rate is being measured"
                 )
             return WriteTicket(True, pages, "probe", "measuring the store's write rate", now)
+        if queued is not None:
+            reason = f"{queued} pages wait behind it, room for {room}"
+            return WriteTicket(queued <= room, pages, "backlog", reason, now)
         produce_s = self._produce_s()
         if produce_s is None or produce_s >= write_s:
             self._credit = 0.0
