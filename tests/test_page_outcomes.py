@@ -62,3 +62,25 @@ def test_a_quota_sheds_and_a_planner_prices_out_under_the_backends_series(tmp_pa
     collector = outcome_collector()
     assert collector is not None and planner in collector.planners
     backend.close()
+
+
+def test_a_scrape_reads_each_store_s_stats_once(tmp_path: Path) -> None:
+    """A store's ``stats()`` may ask its servers (Redis's ``INFO``): the capacity gauges and the
+    pages' outcomes of one scrape come from one read."""
+    backend = create_backend("file", {"root": str(tmp_path / "once"), "max_bytes": 1 << 20})
+    inner = backend.unwrap()
+    calls = 0
+    stats = inner.stats
+
+    def counted() -> dict[str, object]:
+        nonlocal calls
+        calls += 1
+        return stats()
+
+    inner.stats = counted  # type: ignore[method-assign]
+    assert backend.set("k", b"v") is True
+    text = prometheus_client.generate_latest().decode()
+    assert calls == 1
+    assert 'hicache_storage_pages_total{backend="file",outcome="written",tier=""}' in text
+    assert 'hicache_storage_capacity_bytes{backend="file",measure="bound",tier=""}' in text
+    backend.close()

@@ -26,7 +26,7 @@ from ..buffers import as_readable
 from ..capacity import MEASURES
 from ..errors import BackendError, HiCacheError
 from .base import ForwardingBackend
-from .outcomes import OutcomeCollector
+from .outcomes import OutcomeCollector, Snapshot
 
 if TYPE_CHECKING:
     import torch
@@ -46,35 +46,45 @@ class _Prometheus(NamedTuple):
     errors: Any
     seconds: Any
     bytes: Any
-    capacity: _CapacityCollector
-    outcomes: OutcomeCollector
+    scrape: _ScrapeCollector
 
 
-class _CapacityCollector:
-    """Read each live metrics layer's ``stats()["capacity"]`` when Prometheus scrapes.
+class _ScrapeCollector:
+    """Read each live metrics layer's ``stats()`` once when Prometheus scrapes.
 
     How full a store is changes without a call through the layer (another process writes, the
-    store evicts on its own), so the gauges are read at scrape time, not counted. Instances of
-    one backend and tier report one series each: the largest value among them.
+    store evicts on its own), so its gauges are read at scrape time, not counted; so are the
+    pages' outcomes (:class:`~hicache_storage.layers.outcomes.OutcomeCollector`), from the same
+    read: a store's ``stats()`` may ask its servers (Redis's ``INFO``), once a scrape. Instances
+    of one backend and tier report one capacity series each: the largest value among them.
     """
 
     def __init__(self) -> None:
         self.layers: weakref.WeakSet[MetricsLayer] = weakref.WeakSet()
+        self.outcomes = OutcomeCollector()
 
-    def collect(self) -> Any:
-        """Yield the capacity gauges and the eviction counter (a scrape never raises)."""
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        gauges: dict[tuple[str, str, str], float] = {}
-        evictions: dict[tuple[str, str], float] = {}
+    def snapshots(self) -> list[Snapshot]:
+        """Return each live layer's ``(backend, tier, stats())`` (a store that fails: none)."""
+        snapshots: list[Snapshot] = []
         for layer in list(self.layers):
             try:
                 if layer.closed:
                     continue
-                capacity = layer.inner.stats().get("capacity") or {}
+                snapshots.append((layer.name, layer.tier, layer.stats()))
             except Exception:  # noqa: BLE001 - a closed or unreachable store has no figures
                 continue
-            labels = (layer.name, layer.tier)
+        return snapshots
+
+    def collect(self) -> Any:
+        """Yield the capacity gauges, the eviction counter and the pages' outcomes."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        snapshots = self.snapshots()
+        gauges: dict[tuple[str, str, str], float] = {}
+        evictions: dict[tuple[str, str], float] = {}
+        for name, tier, stats in snapshots:
+            capacity = stats.get("capacity") or {}
+            labels = (name, tier)
             for measure, field_name in MEASURES.items():
                 value = capacity.get(field_name)
                 if isinstance(value, int | float) and not isinstance(value, bool):
@@ -99,6 +109,7 @@ class _CapacityCollector:
             counter.add_metric(list(labels), count)
         yield gauge
         yield counter
+        yield self.outcomes.family(snapshots)
 
 
 @functools.cache
@@ -107,13 +118,10 @@ def _prometheus() -> _Prometheus | None:
         import prometheus_client as prom
     except ImportError:
         return None
-    capacity = _CapacityCollector()
-    prom.REGISTRY.register(capacity)
-    outcomes = OutcomeCollector(capacity.layers)
-    prom.REGISTRY.register(outcomes)
+    scrape = _ScrapeCollector()
+    prom.REGISTRY.register(scrape)
     return _Prometheus(
-        capacity=capacity,
-        outcomes=outcomes,
+        scrape=scrape,
         keys=prom.Counter(
             "hicache_storage_keys", "Keys handled, by outcome", ["backend", "tier", "op", "outcome"]
         ),
@@ -136,7 +144,7 @@ def _prometheus() -> _Prometheus | None:
 def outcome_collector() -> OutcomeCollector | None:
     """Return the process's collector of page outcomes (None without ``prometheus_client``)."""
     prom = _prometheus()
-    return None if prom is None else prom.outcomes
+    return None if prom is None else prom.scrape.outcomes
 
 
 class _OpStats:
@@ -193,7 +201,7 @@ class MetricsLayer(ForwardingBackend):
         self._prom = _prometheus()
         self._children: dict[tuple[str, str], Any] = {}
         if self._prom is not None:
-            self._prom.capacity.layers.add(self)
+            self._prom.scrape.layers.add(self)
 
     def _record(
         self,

@@ -31,14 +31,16 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..planner import Planner
-    from .metrics import MetricsLayer
 
-__all__ = ["OUTCOMES", "OutcomeCollector", "watch_planner"]
+__all__ = ["OUTCOMES", "OutcomeCollector", "Snapshot", "watch_planner"]
+
+Snapshot = tuple[str, str, Mapping[str, Any]]
+"""One live layer's ``(backend, tier, stats())``, read once per scrape."""
 
 OUTCOMES = (
     "hit",
@@ -59,31 +61,28 @@ _WRITES = ("set", "batch_set", "batch_set_v1")
 
 
 class OutcomeCollector:
-    """Read the pages' outcomes from the live metrics layers and watched planners at scrape."""
+    """Count the pages' outcomes from the live metrics layers' stats and the watched planners.
 
-    def __init__(self, layers: weakref.WeakSet[MetricsLayer]) -> None:
-        self.layers = layers
+    It reads no store itself: the scrape reads each layer's ``stats()`` once for every family
+    it exports (:mod:`~hicache_storage.layers.metrics`) and hands them here.
+    """
+
+    def __init__(self) -> None:
         self.planners: weakref.WeakKeyDictionary[Planner, tuple[str, str]] = (
             weakref.WeakKeyDictionary()
         )
 
-    def counts(self) -> Counter[tuple[str, str, str]]:
-        """Return the pages by ``(backend, tier, outcome)`` now (a store that fails is skipped)."""
+    def counts(self, snapshots: Iterable[Snapshot]) -> Counter[tuple[str, str, str]]:
+        """Return the pages by ``(backend, tier, outcome)`` in ``snapshots`` and the planners."""
         counts: Counter[tuple[str, str, str]] = Counter()
-        for layer in list(self.layers):
-            try:
-                if layer.closed:
-                    continue
-                stats = layer.stats()
-            except Exception:  # noqa: BLE001 - a closed or unreachable store has no figures
-                continue
-            _layer_counts(counts, layer.name, layer.tier, stats)
+        for backend, tier, stats in snapshots:
+            _layer_counts(counts, backend, tier, stats)
         for planner, (backend, tier) in list(self.planners.items()):
             _planner_counts(counts, backend, tier, planner.stats())
         return counts
 
-    def collect(self) -> Iterator[Any]:
-        """Yield ``hicache_storage_pages`` (a scrape never raises)."""
+    def family(self, snapshots: Iterable[Snapshot]) -> Any:
+        """Return ``hicache_storage_pages`` for ``snapshots`` and the planners."""
         from prometheus_client.core import CounterMetricFamily
 
         family = CounterMetricFamily(
@@ -91,9 +90,9 @@ class OutcomeCollector:
             "Pages the storage tier decided about, by terminal outcome",
             labels=["backend", "tier", "outcome"],
         )
-        for labels, count in sorted(self.counts().items()):
+        for labels, count in sorted(self.counts(snapshots).items()):
             family.add_metric(list(labels), count)
-        yield family
+        return family
 
 
 def watch_planner(planner: Planner, backend: str, tier: str = "") -> None:
