@@ -127,6 +127,8 @@ class ChainBackend(StorageBackend):
         self.capabilities = chain_capabilities([t.backend.capabilities for t in self._tiers])
         self._promotion = HitCountPromotion(config.promote_after_hits)
         self._pays = FirstTierPays()
+        self._first_evictions: int | None = None
+        """The first tier's eviction count when first asked (:meth:`_first_evicting`)."""
         self._lock = threading.Lock()
         self._behind = (
             WriteBehind(
@@ -163,7 +165,8 @@ class ChainBackend(StorageBackend):
     def _admit(self, keys: Sequence[str]) -> list[bool]:
         """Which later-tier hits to promote: read often enough, and while promotions pay."""
         counted = self._promotion.admit(keys)
-        chosen = iter(self._pays.choose([k for k, ok in zip(keys, counted, strict=True) if ok]))
+        admitted = [k for k, ok in zip(keys, counted, strict=True) if ok]
+        chosen = iter(self._pays.choose(admitted, evicting=self._first_evicting()))
         return [ok and next(chosen) for ok in counted]
 
     def exists(self, key: str) -> bool:
@@ -370,8 +373,27 @@ class ChainBackend(StorageBackend):
         """Return the positions of ``picked`` to write into the first tier (all, with one tier)."""
         if len(self._tiers) == 1 or not picked:
             return picked
-        chosen = self._pays.choose([keys[i] for i in picked])
+        chosen = self._pays.choose([keys[i] for i in picked], evicting=self._first_evicting())
         return [i for i, ok in zip(picked, chosen, strict=True) if ok]
+
+    def _first_evicting(self) -> bool:
+        """Whether the first tier has evicted pages for room since the chain opened.
+
+        Asked only while :class:`FirstTierPays` is not measured yet (its ``capacity`` section
+        may cost the tier a call); a tier that does not report evictions never evicts.
+        """
+        if self._pays.measured:
+            return False
+        try:
+            capacity = self._tiers[0].backend.stats().get("capacity") or {}
+        except Exception:  # noqa: BLE001 - a tier that cannot say is taken as not evicting
+            return False
+        evictions = capacity.get("evictions")
+        if not isinstance(evictions, int) or isinstance(evictions, bool):
+            return False
+        if self._first_evictions is None:
+            self._first_evictions = evictions
+        return evictions > self._first_evictions
 
     def _write_first(
         self, write: Callable[[StorageBackend, list[int]], list[bool]], near: list[int]

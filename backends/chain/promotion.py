@@ -78,9 +78,13 @@ class FirstTierPays:
     a scan, documents read in turn) or saves nothing. Pages go on being placed while the reads
     saved pay for the writes: ``first-tier reads x (later read - first read) >= placements x
     first write``, over decayed counts of the last :data:`PLACEMENTS_REMEMBERED` placements (a
-    first tier never read yet reads for free), and always until 8 placements, a later read and
-    a first write are measured; otherwise one page in :data:`SAMPLE_EVERY` is placed. Two tiers
-    on one disk save nothing and stop; a hot set the first tier holds pays many times over.
+    first tier never read yet reads for free); otherwise one page in :data:`SAMPLE_EVERY` is
+    placed. Until 8 placements, a later read and a first write are measured, pages are placed
+    while the first tier has room for them (``evicting`` False): once it evicts to make room
+    before anything says its reads pay, a placement only pushes out an earlier one unread (a
+    prefill that writes a working set larger than the first tier before any of it is read
+    back), so only the sample goes on. Two tiers on one disk save nothing and stop; a hot set
+    the first tier holds pays many times over.
     """
 
     def __init__(self, *, counted_keys: int = COUNTED_KEYS) -> None:
@@ -120,10 +124,20 @@ class FirstTierPays:
                     del self._placed[key]
                     self.left_unread += 1
 
-    def choose(self, keys: Sequence[str]) -> list[bool]:
-        """Return which of ``keys`` to place in the first tier now; remember those placed."""
+    @property
+    def measured(self) -> bool:
+        """Whether the rates and placements the rule weighs are measured yet."""
+        rates = self._rates
+        return self.placed >= 8 and "later_read" in rates and "first_write" in rates
+
+    def choose(self, keys: Sequence[str], *, evicting: bool = False) -> list[bool]:
+        """Return which of ``keys`` to place in the first tier now; remember those placed.
+
+        ``evicting`` says the first tier has evicted pages to make room: before the rule is
+        measured, placements then stop but for the sample.
+        """
         with self._lock:
-            pays = self._pays()
+            pays = self._pays(evicting)
             chosen = []
             keep = 1.0 - 1.0 / PLACEMENTS_REMEMBERED
             for key in keys:
@@ -143,10 +157,10 @@ class FirstTierPays:
                 chosen.append(take)
             return chosen
 
-    def _pays(self) -> bool:
+    def _pays(self, evicting: bool = False) -> bool:
         rates = self._rates
-        if self.placed < 8 or "later_read" not in rates or "first_write" not in rates:
-            return True
+        if not self.measured:
+            return not evicting
         saved = rates["later_read"] - rates.get("first_read", 0.0)
         return self._near_reads * saved >= self._placements * rates["first_write"]
 
