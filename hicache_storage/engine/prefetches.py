@@ -223,9 +223,11 @@ class Prefetches:
         tiers = self.tiers
         stats = tiers.stats
         page = tiers.page_size
-        # Ended on its own: every page storage claimed was tried, the rest failed to read.
-        # Cancelled (its reads stopped, or priced out or refused room before any): cut.
-        failed = fetch.state is PrefetchState.FINISHED and not fetch.cancelled
+        # A read came back short or raised: the store failed to deliver the rest, whether the
+        # fetch then ended on its own or was cancelled while its other batches were in flight
+        # (a store judged failing meanwhile). Cancelled with no such read (priced out, refused
+        # room, its request gone): cut.
+        failed = fetch.stopped
         read = fetch.cancel()
         short = max((fetch.hit_pages or 0) - read, 0)
         if failed:

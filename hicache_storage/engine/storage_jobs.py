@@ -112,6 +112,12 @@ class Prefetch:
             return self._state
 
     @property
+    def stopped(self) -> bool:
+        """Whether a read came back short or raised: the store failed to deliver the rest."""
+        with self._lock:
+            return self._stopped
+
+    @property
     def hit_pages(self) -> int | None:
         """Leading pages storage holds, once the existence query answered."""
         with self._lock:
