@@ -129,6 +129,7 @@ class ChainBackend(StorageBackend):
         self._pays = FirstTierPays()
         self._first_evictions: int | None = None
         """The first tier's eviction count when first asked (:meth:`_first_evicting`)."""
+        self._first_evicted = False
         self._lock = threading.Lock()
         self._behind = (
             WriteBehind(
@@ -379,11 +380,14 @@ class ChainBackend(StorageBackend):
     def _first_evicting(self) -> bool:
         """Whether the first tier has evicted pages for room since the chain opened.
 
-        Asked only while :class:`FirstTierPays` is not measured yet (its ``capacity`` section
-        may cost the tier a call); a tier that does not report evictions never evicts.
+        Asked only while :class:`FirstTierPays` is not measured yet, and no more once it has
+        (its ``capacity`` section may cost the tier a round trip to its servers); a tier that
+        does not report evictions never evicts.
         """
         if self._pays.measured:
             return False
+        if self._first_evicted:
+            return True
         try:
             capacity = self._tiers[0].backend.stats().get("capacity") or {}
         except Exception:  # noqa: BLE001 - a tier that cannot say is taken as not evicting
@@ -393,7 +397,8 @@ class ChainBackend(StorageBackend):
             return False
         if self._first_evictions is None:
             self._first_evictions = evictions
-        return evictions > self._first_evictions
+        self._first_evicted = evictions > self._first_evictions
+        return self._first_evicted
 
     def _write_first(
         self, write: Callable[[StorageBackend, list[int]], list[bool]], near: list[int]
