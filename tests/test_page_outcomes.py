@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from unittest import mock
 
 import prometheus_client
 
@@ -69,18 +70,10 @@ def test_a_scrape_reads_each_store_s_stats_once(tmp_path: Path) -> None:
     pages' outcomes of one scrape come from one read."""
     backend = create_backend("file", {"root": str(tmp_path / "once"), "max_bytes": 1 << 20})
     inner = backend.unwrap()
-    calls = 0
-    stats = inner.stats
-
-    def counted() -> dict[str, object]:
-        nonlocal calls
-        calls += 1
-        return stats()
-
-    inner.stats = counted  # type: ignore[method-assign]
     assert backend.set("k", b"v") is True
-    text = prometheus_client.generate_latest().decode()
-    assert calls == 1
+    with mock.patch.object(inner, "stats", wraps=inner.stats) as asked:
+        text = prometheus_client.generate_latest().decode()
+    assert asked.call_count == 1
     assert 'hicache_storage_pages_total{backend="file",outcome="written",tier=""}' in text
     assert 'hicache_storage_capacity_bytes{backend="file",measure="bound",tier=""}' in text
     backend.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from hicache_storage import create_backend
 from hicache_storage.backends.chain.promotion import SAMPLE_EVERY, FirstTierPays
@@ -76,19 +77,10 @@ def test_a_working_set_written_before_any_read_fills_the_first_tier_not_more(
     assert first["placed"] <= 4 + 1 + 64 // SAMPLE_EVERY
     assert first["withheld"] >= 64 - first["placed"]
     near = chain.unwrap().tiers[0]
-    asked = 0
-    stats = near.stats
-
-    def counted() -> dict[str, Any]:
-        nonlocal asked
-        asked += 1
-        return stats()
-
-    near.stats = counted
-    for i in range(64, 72):
-        assert chain.set(f"k{i}", bytes([i]) * VALUE)
-    assert asked == 0, "once the first tier evicted, its stats are not asked again"
-    near.stats = stats
+    with mock.patch.object(near, "stats", wraps=near.stats) as asked:
+        for i in range(64, 72):
+            assert chain.set(f"k{i}", bytes([i]) * VALUE)
+    assert asked.call_count == 0, "once the first tier evicted, its stats are not asked again"
     for i in range(64):
         assert chain.get(f"k{i}") == bytes([i]) * VALUE
     chain.close()
