@@ -8,13 +8,9 @@ batches first and several at once. Several queries run at once (``query_threads`
 ``read_threads`` read calls, and every call's duration goes to a
 :class:`~hicache_storage.planner.rates.CostModel`. The slots may
 be given up front, or once the query has answered (:meth:`StorageIO.read`), so that host room is
-taken only for pages storage holds. A
-:class:`Backup` names host slots to write under their keys; the write queue is bounded, and a
-full queue refuses a backup rather than block the scheduler (the pages stay unstored and are
-written again when next backed up or evicted). Before it writes the backups it took off the
-queue, the writer offers their pages to its :class:`~hicache_storage.planner.Planner`, if given
-one (back-pressure: what the store cannot absorb is shed, reported unwritten with the rule, rather
-than held on the host behind the writes ahead of it).
+taken only for pages storage holds. A :class:`Backup` names host slots to write under their
+keys; one writer thread writes them (:class:`~hicache_storage.engine.storage_writer.BackupWriter`:
+a bounded queue, and the planner's back-pressure).
 
 The jobs (:class:`Prefetch`, :class:`Backup`, :class:`BackupDone`) are defined in
 :mod:`hicache_storage.engine.storage_jobs` and importable from here. Completions come back
@@ -23,42 +19,44 @@ Nothing here raises into the scheduler: a backend error is a failed page, logged
 
 :meth:`StorageIO.close` is bounded: a thread still in a backend call when its time is up is
 abandoned. Every result a thread applies (to a fetch, the cost model or the completions) is
-applied under one lock with the abandoned flag checked first, so such a thread, once its call
+applied under one lock with the abandoned flag checked first
+(:class:`~hicache_storage.engine.storage_calls.StorageCalls`), so such a thread, once its call
 returns, acts on nothing and exits.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import logging
 import os
 import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 
 import torch
 
 from hicache_storage.backend import HostPool, StorageBackend
-from hicache_storage.engine.errors import StorageBugError
-from hicache_storage.errors import BackendError, ConfigError, HostPoolError
+from hicache_storage.errors import ConfigError
 from hicache_storage.kit.options import positive_int
 from hicache_storage.planner import Planner
 from hicache_storage.planner.rates import CostModel
 
+from .storage_calls import StorageCalls
 from .storage_jobs import Backup, BackupDone, Prefetch, PrefetchState
+from .storage_writer import HURRY_FACTOR, STOP, BackupWriter, check_linger
 
-__all__ = ["HURRY_FACTOR", "Backup", "BackupDone", "Prefetch", "PrefetchState", "StorageIO"]
+__all__ = [
+    "HURRY_FACTOR",
+    "Backup",
+    "BackupDone",
+    "Prefetch",
+    "PrefetchState",
+    "StorageIO",
+    "check_linger",
+]
 
 logger = logging.getLogger(__name__)
-_STOP = object()
-
-HURRY_FACTOR = 4
-"""How many times ``write_batch_pages`` a hurried backup writes per call: enough to clear a
-queue several times faster, small enough that reads still get between the calls and keep part of
-a backend's shared thread budget."""
 
 
 class StorageIO:
@@ -148,57 +146,57 @@ class StorageIO:
             raise ConfigError(f"idle_writes must be a bool, got {idle_writes!r}")
         for name, value in (
             ("read_batch_pages", read_batch_pages),
-            ("write_capacity", write_capacity),
             ("query_threads", query_threads),
             ("read_threads", read_threads),
-            ("write_batch_pages", write_batch_pages),
         ):
             positive_int(name, value, ConfigError)
         self.backend = backend
         self.read_batch_pages = read_batch_pages
-        check_linger(write_linger_s)
-        self.write_batch_pages = write_batch_pages
-        self.write_linger_s = write_linger_s
         self.costs = costs
-        self.shed_failing = shed_failing
-        if write_room_pages is not None:
-            positive_int("write_room_pages", write_room_pages, ConfigError)
-        self.planner = planner
-        """Decides which backups the writer makes (``planner`` above); None writes every one."""
-        self.write_room_pages = write_room_pages
-        self._objects = object_indices
-        self.refused_backups = 0
+        self._calls = StorageCalls(backend, pool=pool, object_indices=object_indices)
+        self._writer = BackupWriter(
+            self._calls,
+            capacity=write_capacity,
+            batch_pages=write_batch_pages,
+            linger_s=write_linger_s,
+            costs=costs,
+            shed_failing=shed_failing,
+            planner=planner,
+            room_pages=write_room_pages,
+        )
         self._queries: queue.Queue[object] = queue.Queue()
         self._read_order: list[Prefetch] = []
         """Fetches being read, oldest first: every read thread takes the oldest one's batches."""
         self._read_ready = threading.Condition()
-        self._calls = 0
-        self._writes: queue.Queue[object] = queue.Queue(write_capacity)
-        # The scheduler polls both every step: deques, whose emptiness is read without a lock.
-        self._done: collections.deque[BackupDone] = collections.deque()
-        self._done_ready = threading.Condition()
-        self._bugs: collections.deque[tuple[str, Exception]] = collections.deque()
+        self._reads = 0
         self._closed = False
-        self._acting = threading.Lock()
-        """Held while a thread applies a call's result; :meth:`close` takes it to abandon."""
-        self._abandoned = False
-        """Set once :meth:`close` gave up waiting: no thread acts on a result from then on."""
-        self._writing_now: list[Backup] = []
-        """The backups the writer has taken off the queue and not yet reported."""
         self.abandoned_calls = 0
         """Backend calls still running when :meth:`close` stopped waiting for them."""
-        self._in_calls = 0
-        self._in_calls_lock = threading.Lock()
-        self._hurry = threading.Event()
-        self._wake = threading.Event()
-        """Ends a lingering writer's wait: set by :meth:`hurry` and :meth:`close`."""
         self._nice = nice
-        self._pool = pool
         self._exited = False
         """Whether a thread has ended (its loop returned or raised)."""
         self._query_threads = self._start("query", self._query_loop, query_threads)
         self._read_threads = self._start("read", self._read_loop, read_threads)
-        self._write_threads = self._start("write", self._write_loop, 1, idle=idle_writes)
+        self._write_threads = self._start("write", self._writer.run, 1, idle=idle_writes)
+
+    @property
+    def planner(self) -> Planner | None:
+        """Decides which backups the writer makes (``planner`` above); None writes every one."""
+        return self._writer.planner
+
+    @planner.setter
+    def planner(self, planner: Planner | None) -> None:
+        self._writer.planner = planner
+
+    @property
+    def shed_failing(self) -> bool:
+        """Whether queued backups are dropped unwritten while the store is failing."""
+        return self._writer.shed_failing
+
+    @property
+    def refused_backups(self) -> int:
+        """Backups :meth:`backup` refused: the queue was full or closed."""
+        return self._writer.refused
 
     def _start(
         self, name: str, loop: Callable[[], None], count: int, *, idle: bool = False
@@ -259,19 +257,11 @@ class StorageIO:
     def reads_in_flight(self) -> int:
         """Read calls running now."""
         with self._read_ready:
-            return self._calls
+            return self._reads
 
     def backup(self, job: Backup) -> bool:
         """Queue ``job``; return False (and count it) when the queue is full or closed."""
-        if self._closed:
-            self.refused_backups += 1
-            return False
-        try:
-            self._writes.put_nowait(job)
-        except queue.Full:
-            self.refused_backups += 1
-            return False
-        return True
+        return self._writer.backup(job)
 
     def hurry(self) -> None:
         """Write the queued backups :data:`HURRY_FACTOR` times wider until the queue drains.
@@ -280,47 +270,19 @@ class StorageIO:
         stored): background writes are then no longer background, and a few pages a call would
         make the wait as long as the queue. Reads still get between the calls.
         """
-        self._hurry.set()
-        self._wake.set()
+        self._writer.hurry()
 
     def check(self) -> None:
         """Raise the first bug a storage thread met since the last check, if any.
 
-        A storage call that raises a :class:`~hicache_storage.errors.BackendError` is the
-        store's failure: a miss (or a backup not stored), logged, and nothing more. Anything
-        else is a bug (in the backend, a layer or the engine's own copy) and is kept for this
-        call, which the engine's poll makes, so it is seen instead of served around.
-
-        Raises
-        ------
-        StorageBugError
-            With the bug as its ``__cause__``.
+        See :meth:`StorageCalls.check
+        <hicache_storage.engine.storage_calls.StorageCalls.check>`.
         """
-        if not self._bugs:
-            return
-        what, bug = self._bugs.popleft()
-        raise StorageBugError(
-            f"{what} raised {type(bug).__name__}: {bug} (not a BackendError: a bug in the "
-            "backend, a layer or the engine, not a failure of the store)"
-        ) from bug
-
-    def _failed(self, what: str, exc: Exception) -> None:
-        """Log a storage call that failed; keep it for :meth:`check` unless the store failed."""
-        if isinstance(exc, BackendError):
-            logger.warning("%s failed: %s", what, exc)
-            return
-        logger.error("%s failed", what, exc_info=exc)
-        self._bugs.append((what, exc))
+        self._calls.check()
 
     def poll(self, timeout_s: float = 0.0) -> list[BackupDone]:
         """Return the backups finished since the last poll, waiting up to ``timeout_s`` for one."""
-        if timeout_s > 0 and not self._done:
-            with self._done_ready:
-                self._done_ready.wait_for(lambda: bool(self._done), timeout_s)
-        out: list[BackupDone] = []
-        while self._done:
-            out.append(self._done.popleft())
-        return out
+        return self._writer.poll(timeout_s)
 
     @property
     def alive(self) -> bool:
@@ -353,17 +315,14 @@ class StorageIO:
 
         # Queries first: a query answering now may still hand its fetch to the readers.
         for _ in self._query_threads:
-            self._queries.put(_STOP)
+            self._queries.put(STOP)
         for thread in self._query_threads:
             thread.join(left())
         with self._read_ready:
             self._read_ready.notify_all()
         for thread in self._read_threads:
             thread.join(left())
-        self._wake.set()  # a lingering writer writes now
-        for _ in self._write_threads:  # after every queued backup
-            with contextlib.suppress(queue.Full):  # a writer stuck in a call: abandoned below
-                self._writes.put(_STOP, timeout=left())
+        self._writer.stop(len(self._write_threads), left())  # after every queued backup
         for thread in self._write_threads:
             thread.join(left())
         if any(thread.is_alive() for thread in self.threads):
@@ -372,50 +331,20 @@ class StorageIO:
 
     def _abandon(self) -> None:
         """Stop acting on any result from now on; report unwritten backups as not stored."""
-        with self._acting:
-            self._abandoned = True
-            with self._in_calls_lock:
-                self.abandoned_calls = self._in_calls
-            unwritten = list(self._writing_now)
-            self._writing_now.clear()
-            while True:
-                try:
-                    item = self._writes.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(item, Backup):
-                    unwritten.append(item)
-            for _ in self._write_threads:  # the queue was just emptied: room for each
-                self._writes.put_nowait(_STOP)
-            self._done.extend(BackupDone(job, False) for job in unwritten)
+        with self._calls.abandoning() as running:
+            self.abandoned_calls = running
+            unwritten = self._writer.abandon(len(self._write_threads))
         logger.warning(
             "storage close gave up on %d backend call(s) still running: their threads exit "
             "when the calls return, acting on nothing; %d backup(s) not written",
             self.abandoned_calls,
-            len(unwritten),
+            unwritten,
         )
-
-    @contextlib.contextmanager
-    def _calling(self) -> Iterator[None]:
-        """Count a backend call as running while the block runs."""
-        with self._in_calls_lock:
-            self._in_calls += 1
-        try:
-            yield
-        finally:
-            with self._in_calls_lock:
-                self._in_calls -= 1
-
-    @contextlib.contextmanager
-    def _live(self) -> Iterator[bool]:
-        """Hold the result lock; yield whether results may still be applied (not abandoned)."""
-        with self._acting:
-            yield not self._abandoned
 
     # -- the threads ------------------------------------------------------------------------------
 
     def _query_loop(self) -> None:
-        while (item := self._queries.get()) is not _STOP:
+        while (item := self._queries.get()) is not STOP:
             assert isinstance(item, Prefetch)
             self._query(item)
 
@@ -426,16 +355,16 @@ class StorageIO:
         began = time.monotonic()
         error: Exception | None = None
         try:
-            with self._calling():
+            with self._calls.calling():
                 hits = self.backend.batch_exists(item.keys) // item.keys_per_page
         except Exception as exc:  # noqa: BLE001 - a failed query finds nothing (a bug: check())
             error, hits = exc, 0
         seconds = time.monotonic() - began
-        with self._live() as live:
+        with self._calls.live() as live:
             if not live:
                 return
             if error is not None:
-                self._failed(f"existence query of {item.pages} pages", error)
+                self._calls.failed(f"existence query of {item.pages} pages", error)
             if self.costs is not None:
                 self.costs.observe_query(seconds, asked=item.pages, found=min(hits, item.pages))
             if item._queried(min(hits, item.pages), seconds):
@@ -471,8 +400,8 @@ class StorageIO:
                 for fetch in list(self._read_order):
                     batch = fetch._next_batch(self.read_batch_pages)
                     if batch is not None:
-                        self._calls += 1
-                        return fetch, *batch, self._calls
+                        self._reads += 1
+                        return fetch, *batch, self._reads
                     if fetch.state is PrefetchState.FINISHED:
                         self._read_order.remove(fetch)
                 self._read_ready.wait()
@@ -493,15 +422,15 @@ class StorageIO:
                 if fetch.ready is not None:  # before the clock: a copy's wait is not the store's
                     fetch.ready()
                 began = time.monotonic()
-                self._check_pool()
-                with self._calling():
+                self._calls.check_pool()
+                with self._calls.calling():
                     got = self.backend.batch_get_v1(
                         fetch.keys[first * kpp : end * kpp],
-                        self._indices(host[first * page : end * page]),
+                        self._calls.indices(host[first * page : end * page]),
                     )
             except Exception as exc:  # noqa: BLE001 - a miss of the rest (a bug: check())
                 error = exc
-            with self._live() as live:
+            with self._calls.live() as live:
                 if not live:  # close gave up on this call: its fetch is no longer the caller's
                     return
                 ok_keys = next((i for i, ok in enumerate(got) if not ok), len(got))
@@ -509,186 +438,17 @@ class StorageIO:
                     self.costs.observe_failure()  # no page in the call's time
                 elif self.costs is not None:
                     with self._read_ready:
-                        beside = (calls + self._calls) / 2
+                        beside = (calls + self._reads) / 2
                     self.costs.observe_read(ok_keys // kpp, (time.monotonic() - began) / beside)
                 if error is not None:
-                    self._failed(f"read of {end - first} pages", error)
+                    self._calls.failed(f"read of {end - first} pages", error)
                     fetch._fail(first)
                     return
                 fetch._read(first, ok_keys // kpp, ok_keys == len(got) == (end - first) * kpp)
         finally:
             with self._read_ready:
-                self._calls -= 1
+                self._reads -= 1
                 self._read_ready.notify_all()
-
-    def _check_pool(self) -> None:
-        """Raise :class:`HostPoolError` if the backend's registered pool is not the caller's."""
-        if self._pool is not None and self.backend.host_pool is not self._pool:
-            raise HostPoolError(
-                "the backend's registered host pool is no longer this cache's: another user of "
-                "the same backend object registered its own (give each cache a backend of its own)"
-            )
-
-    def _indices(self, host: torch.Tensor) -> torch.Tensor:
-        return host if self._objects is None else self._objects(host)
-
-    def _batch_pages(self) -> int:
-        return self.write_batch_pages * (HURRY_FACTOR if self._hurry.is_set() else 1)
-
-    def _write(self, jobs: Sequence[Backup]) -> tuple[list[bool], str | None]:
-        """Write ``jobs`` if the planner admits them; return, per job, whether it was stored.
-
-        The second value is the planner's rule when it shed them (every job then unwritten).
-        The planner is offered every page of the jobs at once, on this thread, right before the
-        calls: its gate times this thread's offers against the writes it admitted, and a writer
-        with a queue behind it offers back to back. A plan that admits any page writes every
-        job: the cache's planner admits all the pages it is offered or none (the write policy
-        chose what is backed up).
-        """
-        self._check_pool()
-        planner = self.planner
-        pages = [key for job in jobs for key in job.keys[:: max(job.keys_per_page, 1)]]
-        if planner is None or not pages:
-            return self._write_calls(jobs)[0], None
-        queued = None if self.write_room_pages is None else self._queued_pages()
-        room = self.write_room_pages or 0
-        with self._live() as live:  # nothing is asked or told once close gave up on the writer
-            plan = planner.offer(pages, queued=queued, room=room) if live else None
-        if plan is None or not plan.pages:
-            return [False] * len(jobs), None if plan is None else plan.rule
-        stored = 0
-        try:
-            outcomes, stored = self._write_calls(jobs)
-        finally:
-            with self._live() as live:
-                if live:
-                    planner.done(plan, stored)
-        return outcomes, None
-
-    def _write_calls(self, jobs: Sequence[Backup]) -> tuple[list[bool], int]:
-        """Write ``jobs`` a few pages a call; return, per job, whether every page was stored.
-
-        The second value is the pages stored in all. Backups are background work:
-        ``write_batch_pages`` bounds how many pages a backend that
-        parallelises a batch moves at once for them, so that they do not take the cores (and
-        the GIL) that the model's forward and the prefetch reads need; once :meth:`hurry` was
-        called, :data:`HURRY_FACTOR` times as many. Small backups share a call up to that bound
-        (a call's fixed work, in the layers and the backend, is paid once for them); a job's
-        pages after one that failed are not written, nor anything once :meth:`close` abandoned
-        the writer (the host slots are no longer the caller's to read) or while the store is
-        failing (:meth:`_shedding`). Without a planner, a call that stored nothing is a failure
-        the cost model counts (:meth:`CostModel.observe_failure
-        <hicache_storage.planner.rates.CostModel.observe_failure>`); with one, the planner
-        counts each offer that stored nothing (:meth:`Planner.done
-        <hicache_storage.planner.Planner.done>`).
-        """
-        stored = [job.pages > 0 for job in jobs]
-        cursor = [0] * len(jobs)  # pages of each job handed to a call so far
-        pending = [i for i, ok in enumerate(stored) if ok]
-        pages_stored = 0
-        while pending and not self._abandoned and not self._shedding():
-            room = self._batch_pages()
-            parts: list[tuple[int, int, int]] = []  # (job, first page, end page)
-            for i in pending:
-                if room == 0:
-                    break
-                first = cursor[i]
-                end = min(first + room, jobs[i].pages)
-                parts.append((i, first, end))
-                room -= end - first
-            keys: list[str] = []
-            slots: list[torch.Tensor] = []
-            for i, first, end in parts:
-                job = jobs[i]
-                keys.extend(job.keys[first * job.keys_per_page : end * job.keys_per_page])
-                slots.append(job.slots(first, end))
-            try:
-                with self._calling():
-                    done = self.backend.batch_set_v1(keys, self._indices(torch.cat(slots)))
-            except Exception as exc:  # noqa: BLE001 - not stored; the writer goes on (a bug: check())
-                self._failed(f"backup of {len(keys)} keys", exc)
-                done = []
-            if self.costs is not None and self.planner is None and not any(done):
-                self.costs.observe_failure(write=True)
-            at = 0
-            for i, first, end in parts:
-                count = (end - first) * jobs[i].keys_per_page
-                ok = len(done) == len(keys) and all(done[at : at + count])
-                at += count
-                cursor[i] = end
-                stored[i] = stored[i] and ok
-                pages_stored += (end - first) if ok else 0
-            pending = [i for i in pending if stored[i] and cursor[i] < jobs[i].pages]
-        return [ok and cursor[i] == jobs[i].pages for i, ok in enumerate(stored)], pages_stored
-
-    def _queued_pages(self) -> int:
-        """Pages of the backups still queued for the writer."""
-        with self._writes.mutex:
-            return sum(job.pages for job in self._writes.queue if isinstance(job, Backup))
-
-    def _shedding(self) -> bool:
-        """Whether queued backups are dropped unwritten: ``shed_failing`` and a failing store."""
-        return self.shed_failing and self.costs is not None and self.costs.failing
-
-    def _write_loop(self) -> None:
-        stop = False
-        while not stop and (item := self._writes.get()) is not _STOP:
-            assert isinstance(item, Backup)
-            if self.write_linger_s and item.pages < self._batch_pages():
-                self._wake.wait(self.write_linger_s)  # more backups may share the call
-            jobs = [item]
-            pages = item.pages
-            with self._live() as live:  # taken while close may still report them unwritten
-                if not live:
-                    return
-                while pages < self._batch_pages():  # small backups share a call
-                    try:
-                        more = self._writes.get_nowait()
-                    except queue.Empty:
-                        break
-                    if more is _STOP:
-                        stop = True
-                        break
-                    assert isinstance(more, Backup)
-                    jobs.append(more)
-                    pages += more.pages
-                self._writing_now[:] = jobs
-            shed = self._shedding()
-            shed_by: str | None = None
-            try:
-                if shed:
-                    outcomes = [False] * len(jobs)
-                else:
-                    for job in jobs:
-                        if job.ready is not None:
-                            job.ready()
-                    outcomes, shed_by = self._write(jobs)
-            except Exception as exc:  # noqa: BLE001 - not stored; the writer goes on (a bug: check())
-                self._failed(f"backup of {sum(len(job.keys) for job in jobs)} keys", exc)
-                outcomes = [False] * len(jobs)
-            if self._writes.empty():
-                self._hurry.clear()
-                if not self._closed:
-                    self._wake.clear()
-            with self._live() as live, self._done_ready:
-                if not live:  # close reported these backups unwritten and gave up on the writer
-                    return
-                self._writing_now.clear()
-                self._done.extend(
-                    BackupDone(job, stored, shed=shed, shed_by=shed_by)
-                    for job, stored in zip(jobs, outcomes, strict=True)
-                )
-                self._done_ready.notify_all()
-
-
-def check_linger(linger: object, name: str = "write_linger_s") -> None:
-    """Raise :class:`ConfigError` unless ``linger`` is a number of seconds in ``[0, 1)``."""
-    if (
-        isinstance(linger, bool)
-        or not isinstance(linger, int | float)
-        or not 0 <= linger < 1  # also refuses NaN
-    ):
-        raise ConfigError(f"{name} must be a number in [0, 1), got {linger!r}")
 
 
 def check_nice(nice: object, name: str = "nice") -> None:

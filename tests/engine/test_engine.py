@@ -186,7 +186,7 @@ def test_a_fetch_never_reads_into_host_slots_a_late_copy_still_writes(
     late = LateBackups(cache.transfer)
     cache.tiers.transfer = late  # type: ignore[assignment]
     assert cache.io is not None
-    io_indices = cache.io._indices
+    io_indices = cache.io._calls.indices
     fetched_into_late_copies = reads = 0
 
     def indices(host: torch.Tensor) -> torch.Tensor:  # the slots of a batch, as it is read
@@ -199,7 +199,7 @@ def test_a_fetch_never_reads_into_host_slots_a_late_copy_still_writes(
         return io_backup(dataclasses.replace(job, ready=lambda: late.land(slots=job.host_indices)))
 
     io_backup = cache.io.backup
-    cache.io._indices = indices  # type: ignore[method-assign]
+    cache.io._calls.indices = indices  # type: ignore[method-assign]
     cache.io.backup = backup  # type: ignore[method-assign]
     assert run(Engine(model, cache), [list(p) for p in prompts]) == expected
     assert fetched_into_late_copies == 0

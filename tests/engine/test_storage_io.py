@@ -639,7 +639,7 @@ def test_hurry_or_close_ends_a_linger(
     fill(pool, slots(0, 1), seed=6)
     job = Backup(keys(1, "z"), slots(0, 1), 0)
     assert io.backup(job)
-    wait_until(lambda: not io._writes.qsize(), "the writer took the backup")
+    wait_until(lambda: not io._writer.queued(), "the writer took the backup")
     began = time.monotonic()
     if end == "hurry":
         io.hurry()
