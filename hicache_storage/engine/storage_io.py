@@ -83,7 +83,8 @@ class StorageIO:
     write_batch_pages
         Pages per ``batch_set_v1`` call of a backup: background writes move a few pages at a
         time, so they leave the cores and the GIL to the forward and the reads; after
-        :meth:`hurry`, :data:`HURRY_FACTOR` times as many until the queue has drained.
+        :meth:`hurry`, :data:`~hicache_storage.engine.storage_writer.HURRY_FACTOR` times as
+        many until the queue has drained.
     write_linger_s
         How long the writer, woken for fewer pages than a call takes, waits for more before it
         writes (not when hurried or closing): one call instead of one per backup, and no
@@ -264,8 +265,9 @@ class StorageIO:
         return self._writer.backup(job)
 
     def hurry(self) -> None:
-        """Write the queued backups :data:`HURRY_FACTOR` times wider until the queue drains.
+        """Write the queued backups several times wider until the queue drains.
 
+        :data:`~hicache_storage.engine.storage_writer.HURRY_FACTOR` times as many pages a call.
         For a caller that waits for them (room on the host is made by evicting pages that are
         stored): background writes are then no longer background, and a few pages a call would
         make the wait as long as the queue. Reads still get between the calls.
