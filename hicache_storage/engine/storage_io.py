@@ -262,6 +262,9 @@ class StorageIO:
 
     def backup(self, job: Backup) -> bool:
         """Queue ``job``; return False (and count it) when the queue is full or closed."""
+        if self._closed:
+            self._writer.refuse()
+            return False
         return self._writer.backup(job)
 
     def hurry(self) -> None:

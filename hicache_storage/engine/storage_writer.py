@@ -96,6 +96,10 @@ class BackupWriter:
             return False
         return True
 
+    def refuse(self) -> None:
+        """Count a backup refused by the caller (closed) without offering it."""
+        self.refused += 1
+
     def hurry(self) -> None:
         """Write the queued backups :data:`HURRY_FACTOR` times wider until the queue drains."""
         self._hurry.set()
