@@ -77,6 +77,7 @@ __all__ = [
     "Workload",
     "plot_ttft_by_round",
     "run_bench",
+    "run_benches",
 ]
 
 Progress = Callable[[str, int, int], None]
@@ -670,55 +671,117 @@ def run_bench(
         If a request of the workload could not fit in the device pool, or the model and its
         pools cannot fit the machine (checked before anything is built).
     """
+    wanted = [name for name, _ in RUNS] if runs is None else list(runs)
+    (result,) = run_benches([(config, wanted)], progress=progress)
+    return result
+
+
+BenchJob = tuple["BenchConfig", Sequence[str]]
+"""A configuration and the names of the runs (besides ``no-cache``) to serve over it."""
+
+_SHARED = ("model", "device", "dtype", "workload", "repeat", "warmup", "backend", "backend_config")
+"""What the jobs of one :func:`run_benches` call share: one model, workload and store."""
+
+
+def run_benches(
+    jobs: Sequence[BenchJob],
+    *,
+    progress: Progress | None = None,
+    done: Callable[[int, BenchResult], None] | None = None,
+) -> list[BenchResult]:
+    """Serve several configurations of one model and workload, building the model once.
+
+    Each job is a configuration (host pool, policies, faults) and the runs to serve over it;
+    ``no-cache`` runs once, with the first job, and every job's result holds it as its
+    reference (the no-cache run does not depend on a job's host pool, policies or store).
+    ``done`` sees each job's result as its runs end. Jobs must share the fields of
+    ``_SHARED`` and the device pool.
+
+    Raises
+    ------
+    ConfigError
+        As :func:`run_bench`, or if the jobs differ in model or workload.
+    """
+    if not jobs:
+        return []
     known = [name for name, _ in (*RUNS, *EXTRA_RUNS)]
-    wanted = {name for name, _ in RUNS} if runs is None else {"no-cache", *runs}
-    unknown = wanted - set(known)
-    if unknown:
-        raise ConfigError(f"unknown configurations {sorted(unknown)}; known: {known}")
-    shape = config.model_config()
-    device = torch.device(config.device)
+    first = jobs[0][0]
+    for config, names in jobs:
+        unknown = set(names) - set(known)
+        if unknown:
+            raise ConfigError(f"unknown configurations {sorted(unknown)}; known: {known}")
+        differ = [name for name in _SHARED if getattr(config, name) != getattr(first, name)]
+        if config.engine.device_tokens != first.engine.device_tokens:
+            differ.append("engine.device_tokens")
+        if config.cache.page_size != first.cache.page_size:
+            differ.append("page_size")
+        if differ:
+            raise ConfigError(f"jobs of one model run must share {', '.join(differ)}")
+    shape = first.model_config()
+    device = torch.device(first.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {config.device!r} asked for, but torch sees no CUDA device")
-    engine = config.engine
-    check_memory(shape, device, device_tokens=engine.device_tokens, host_tokens=engine.host_tokens)
-    turns = config.workload.turns(shape.vocab_size)
-    _check_fits(config, turns)
-    model = LlamaModel(shape, device)
-    _warm_model(model, config)
-    rates = _measure_rates(config, shape, device)
-    results: list[RunResult] = []
-    reference: dict[tuple[int, int], list[int]] | None = None
-    for repeat in range(config.repeat):
-        for name, description in (*RUNS, *EXTRA_RUNS):
-            if name not in wanted:
-                continue
-            warm = config.warmup and repeat == 0
-            result = _serve(config, name, description, model, turns, progress, warm=warm)
-            result.repeat = repeat
-            outputs = {(r.client, r.round): r.output for r in result.records}
-            if reference is None:
-                reference = outputs
-            result.identical = outputs == reference
-            result.matching_outputs = sum(reference.get(key) == out for key, out in outputs.items())
-            result.matching_first_tokens = sum(
-                key in reference and reference[key][:1] == out[:1] for key, out in outputs.items()
-            )
-            if name == "no-cache" and rates.compute_s_per_token is None:
-                rates.compute_s_per_token = result.costs.get("compute_s_per_token")
-            results.append(result)
-    token_bytes = shape.kv_bytes_per_token
-    for result in results:
-        _bound(result, rates, token_bytes)
-    return BenchResult(
-        config=config,
-        model=_describe_model(config.model, shape),
-        environment=_environment(device),
-        device_pool_bytes=engine.device_tokens * token_bytes,
-        host_pool_bytes=engine.host_tokens * token_bytes,
-        runs=results,
-        rates=rates,
-        summary=_summaries(results),
+        raise ConfigError(f"device {first.device!r} asked for, but torch sees no CUDA device")
+    largest = max((config for config, _ in jobs), key=lambda config: config.engine.host_tokens)
+    check_memory(
+        shape,
+        device,
+        device_tokens=first.engine.device_tokens,
+        host_tokens=largest.engine.host_tokens,
     )
+    turns = first.workload.turns(shape.vocab_size)
+    for config, _ in jobs:
+        _check_fits(config, turns)
+    model = LlamaModel(shape, device)
+    _warm_model(model, first)
+    rates = _measure_rates(first, shape, device)
+    token_bytes = shape.kv_bytes_per_token
+    reference: dict[tuple[int, int], list[int]] | None = None
+    shared: list[RunResult] = []
+    results: list[BenchResult] = []
+    for index, (config, names) in enumerate(jobs):
+        wanted = {"no-cache", *names} if index == 0 else set(names)
+        served: list[RunResult] = []
+        for repeat in range(config.repeat):
+            for name, description in (*RUNS, *EXTRA_RUNS):
+                if name not in wanted:
+                    continue
+                warm = config.warmup and repeat == 0
+                result = _serve(config, name, description, model, turns, progress, warm=warm)
+                result.repeat = repeat
+                outputs = {(r.client, r.round): r.output for r in result.records}
+                if reference is None:
+                    reference = outputs
+                result.identical = outputs == reference
+                result.matching_outputs = sum(
+                    reference.get(key) == out for key, out in outputs.items()
+                )
+                result.matching_first_tokens = sum(
+                    key in reference and reference[key][:1] == out[:1]
+                    for key, out in outputs.items()
+                )
+                if name == "no-cache" and rates.compute_s_per_token is None:
+                    rates.compute_s_per_token = result.costs.get("compute_s_per_token")
+                _bound(result, rates, token_bytes)
+                served.append(result)
+        if index == 0:
+            shared = [run for run in served if run.name == "no-cache"]
+        else:
+            served = [*shared, *served]
+        engine = config.engine
+        bench = BenchResult(
+            config=config,
+            model=_describe_model(config.model, shape),
+            environment=_environment(device),
+            device_pool_bytes=engine.device_tokens * token_bytes,
+            host_pool_bytes=engine.host_tokens * token_bytes,
+            runs=served,
+            rates=rates,
+            summary=_summaries(served),
+        )
+        results.append(bench)
+        if done is not None:
+            done(index, bench)
+    return results
 
 
 def _warm_model(model: LlamaModel, config: BenchConfig) -> None:

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+import multiprocessing.queues
+import pickle
+import queue
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePath
 
@@ -29,7 +32,7 @@ import torch
 from hicache_storage.config import FaultConfig, FaultRule
 from hicache_storage.errors import ConfigError
 
-from .engine import BenchConfig, BenchResult, RunResult, run_bench
+from .engine import BenchConfig, BenchJob, BenchResult, RunResult, run_benches
 
 __all__ = [
     "FAILING_GOAL",
@@ -196,10 +199,6 @@ def summarise(cell: Cell, result: BenchResult) -> CellResult:
     )
 
 
-_RUNS = ("L1+L2", "L1+L2+L3")
-"""The configurations each cell runs besides no cache."""
-
-
 def run_matrix(
     base: BenchConfig,
     grid: Iterable[Cell],
@@ -209,26 +208,111 @@ def run_matrix(
 ) -> MatrixResult:
     """Serve every cell of ``grid`` over ``base``'s workload; ``done`` sees each as it ends.
 
-    With ``isolate`` (the default on a GPU) each cell runs in a child process of its own: a
-    cell starts on a GPU no earlier cell's model, pools, graphs or allocator still hold, so
-    its figures do not depend on the order of the grid (in one process the GPU kept each
-    cell's model weights and the fifth cell's model no longer fit).
+    The cells of one model share one model build and one ``no-cache`` run, and the cells of
+    one host pool and write policy one ``L1+L2`` run (neither depends on what the store or the
+    prefetch policy does), so a model's row costs one run per cell and a few more. With
+    ``isolate`` (the default on a GPU) each model's cells run in a child process of their
+    own: they start on a GPU no other model's weights, pools, graphs or allocator still hold
+    (in one process the fifth model no longer fit).
     """
     if isolate is None:
         isolate = torch.device(base.device).type == "cuda"
     results: list[CellResult] = []
-    for cell in grid:
-        config = cell_config(base, cell)
-        bench = _run_isolated(config) if isolate else run_bench(config, runs=_RUNS)
-        summary = summarise(cell, bench)
-        results.append(summary)
-        if done is not None:
-            done(summary)
+    for group in _by_model(grid):
+        jobs = _jobs(base, group)
+        served = _run_isolated(jobs) if isolate else _run_here(jobs)
+        borrowed: dict[tuple[float, str], RunResult] = {}
+        for index, bench in served:
+            cell = group[index]
+            key = (cell.host_ratio, cell.write_policy)
+            own = [run for run in bench.runs if run.name == "L1+L2"]
+            if own:
+                borrowed[key] = own[0]
+            elif key in borrowed:
+                bench = dataclasses.replace(bench, runs=[*bench.runs, borrowed[key]])
+            summary = summarise(cell, bench)
+            results.append(summary)
+            if done is not None:
+                done(summary)
     return MatrixResult(results)
 
 
-def _run_isolated(config: BenchConfig) -> BenchResult:
-    """Run one cell's bench in a fresh child process and return its result."""
+def _by_model(grid: Iterable[Cell]) -> list[list[Cell]]:
+    """Return ``grid``'s cells grouped by model, models and cells in the order given."""
+    groups: dict[str, list[Cell]] = {}
+    for cell in grid:
+        groups.setdefault(cell.model, []).append(cell)
+    return list(groups.values())
+
+
+def _jobs(base: BenchConfig, group: Sequence[Cell]) -> list[BenchJob]:
+    """Return each cell's configuration and runs: ``L1+L2`` once per host pool and write policy."""
+    seen: set[tuple[float, str]] = set()
+    jobs: list[BenchJob] = []
+    for cell in group:
+        key = (cell.host_ratio, cell.write_policy)
+        names = ["L1+L2+L3"] if key in seen else ["L1+L2", "L1+L2+L3"]
+        seen.add(key)
+        jobs.append((cell_config(base, cell), names))
+    return jobs
+
+
+def _run_here(jobs: Sequence[BenchJob]) -> Iterator[tuple[int, BenchResult]]:
+    """Serve ``jobs`` in this process, yielding each job's result as it ends."""
+    yield from enumerate(run_benches(jobs))
+
+
+def _run_isolated(jobs: Sequence[BenchJob]) -> Iterator[tuple[int, BenchResult]]:
+    """Serve ``jobs`` in a fresh child process, yielding each job's result as it ends.
+
+    A child that dies without a word (killed, out of memory) ends the matrix with an error
+    rather than leaving the parent waiting.
+    """
     context = multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
-    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        return pool.submit(run_bench, config, runs=_RUNS).result()
+    channel = context.Queue()
+    child = context.Process(target=_child, args=(list(jobs), channel), daemon=True)
+    child.start()
+    try:
+        while True:
+            try:
+                kind, index, payload = channel.get(timeout=_POLL_S)
+            except queue.Empty:
+                if not child.is_alive():
+                    raise RuntimeError(
+                        f"the matrix's child process ended (exit code {child.exitcode})"
+                    ) from None
+                continue
+            if kind == "done":
+                return
+            if kind == "error":
+                if isinstance(payload, BaseException):
+                    raise payload
+                raise RuntimeError(f"the matrix's child process failed:\n{payload}")
+            yield index, payload
+    finally:
+        child.join(timeout=_POLL_S)
+        if child.is_alive():
+            child.kill()
+
+
+_POLL_S = 5.0
+"""How often the parent checks that a silent child is still alive."""
+
+
+def _child(jobs: list[BenchJob], channel: multiprocessing.queues.Queue) -> None:
+    """Serve ``jobs`` and send each result, then ``done`` or the error.
+
+    The error goes as itself where it pickles (a ``ConfigError`` reaches the command as one),
+    else as its traceback.
+    """
+    try:
+        run_benches(jobs, done=lambda index, bench: channel.put(("result", index, bench)))
+    except Exception as error:  # noqa: BLE001 - raised again in the parent
+        try:
+            pickle.dumps(error)
+        except Exception:  # noqa: BLE001 - sent as its traceback instead
+            channel.put(("error", -1, traceback.format_exc()))
+        else:
+            channel.put(("error", -1, error))
+        return
+    channel.put(("done", -1, None))

@@ -8,8 +8,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from hicache_storage.bench.engine import BenchConfig
-from hicache_storage.bench.matrix import FAILING_STORE, GOAL, cell_config, cells, run_matrix
+from hicache_storage.bench.engine import BenchConfig, run_benches
+from hicache_storage.bench.matrix import (
+    FAILING_STORE,
+    GOAL,
+    CellResult,
+    cell_config,
+    cells,
+    run_matrix,
+)
 from hicache_storage.cli import main
 from hicache_storage.errors import ConfigError
 
@@ -103,3 +110,49 @@ def test_an_isolated_cell_runs_in_a_child_process_and_reports_the_same_figures()
     assert cell.mean_ratio == pytest.approx(
         cell.ttft_mean_s["L1+L2+L3"] / cell.ttft_mean_s[cell.baseline]
     )
+
+
+def test_a_models_cells_share_its_no_cache_run_and_each_host_pools_l1_l2_run() -> None:
+    grid = cells(["tiny"], [1.0, 2.0], ["write_through"], ["adaptive", "best_effort"])
+    result = run_matrix(BASE, grid)
+    assert len(result.cells) == len(grid) == 5
+    runs = [cell.result.runs for cell in result.cells if cell.result is not None]
+    no_cache = {id(run) for served in runs for run in served if run.name == "no-cache"}
+    assert len(no_cache) == 1, "one no-cache run serves the whole model"
+    host_only = {
+        (cell.cell.host_ratio, id(run))
+        for cell in result.cells
+        if cell.result is not None
+        for run in cell.result.runs
+        if run.name == "L1+L2"
+    }
+    assert sorted(ratio for ratio, _ in host_only) == [1.0, 2.0], "one L1+L2 run per host pool"
+    tiers = [run for served in runs for run in served if run.name == "L1+L2+L3"]
+    assert len({id(run) for run in tiers}) == 5, "every cell serves its own tier run"
+    for cell in result.cells:
+        names = ["L1+L2"] if cell.cell.failing else ["no-cache", "L1+L2"]
+        baseline = min(cell.ttft_mean_s[name] for name in names)
+        assert cell.mean_ratio == pytest.approx(cell.ttft_mean_s["L1+L2+L3"] / baseline)
+
+
+def test_the_jobs_of_one_model_run_must_share_the_model_and_workload() -> None:
+    other = BASE.with_settings({"workload.document_tokens": 128})
+    with pytest.raises(ConfigError, match="workload"):
+        run_benches([(BASE, ["L1+L2"]), (other, ["L1+L2"])])
+
+
+def test_an_isolated_model_streams_each_cell_and_a_child_error_reaches_the_caller() -> None:
+    grid = cells(["tiny"], [1.0, 2.0], ["write_through"], ["adaptive"], failing=False)
+    seen: list[float] = []
+
+    def done(cell: CellResult) -> None:
+        seen.append(cell.cell.host_ratio)
+
+    first, second = run_matrix(BASE, grid, isolate=True, done=done).cells
+    assert seen == [1.0, 2.0]
+    assert first.ttft_mean_s["no-cache"] == second.ttft_mean_s["no-cache"]
+    assert first.result is not None and second.result is not None
+    assert first.result.run("L1+L2") is not second.result.run("L1+L2")
+    too_long = BASE.with_settings({"workload.document_tokens": 1 << 20})
+    with pytest.raises(ConfigError):
+        run_matrix(too_long, grid[:1], isolate=True)
