@@ -288,6 +288,7 @@ def _run_isolated(jobs: Sequence[BenchJob]) -> Iterator[tuple[int, BenchResult]]
                 if isinstance(payload, BaseException):
                     raise payload
                 raise RuntimeError(f"the matrix's child process failed:\n{payload}")
+            assert isinstance(payload, BenchResult)
             yield index, payload
     finally:
         child.join(timeout=_POLL_S)
@@ -298,8 +299,11 @@ def _run_isolated(jobs: Sequence[BenchJob]) -> Iterator[tuple[int, BenchResult]]
 _POLL_S = 5.0
 """How often the parent checks that a silent child is still alive."""
 
+_Message = tuple[str, int, object]
+"""What the child sends: ``result`` (a job's index, its result), ``error`` or ``done``."""
 
-def _child(jobs: list[BenchJob], channel: multiprocessing.queues.Queue) -> None:
+
+def _child(jobs: list[BenchJob], channel: multiprocessing.queues.Queue[_Message]) -> None:
     """Serve ``jobs`` and send each result, then ``done`` or the error.
 
     The error goes as itself where it pickles (a ``ConfigError`` reaches the command as one),

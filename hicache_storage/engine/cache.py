@@ -72,6 +72,7 @@ from .early_loads import EarlyLoads
 from .errors import PoolMismatchError
 from .fetch_decisions import decisions_for
 from .geometry import check_plan, check_pools
+from .layer_backups import ForwardBackups, LayerBackups
 from .leases import Lease, Lookup
 from .loading import LayerLoad, LoadTiming
 from .nodes import Node
@@ -262,6 +263,7 @@ class TierCache:
         self.prefetches = Prefetches(
             self.tiers, self.decisions, self.copies, self.transfers, self.writes, self.early
         )
+        self.layer_backups = LayerBackups(self.tiers, self.copies, self.writes)
         self._closed = False
 
     # -- what the cache is made of ----------------------------------------------------------------
@@ -517,6 +519,18 @@ class TierCache:
         self.stats.load_s += timing.load_s
         self.stats.exposed_load_s += timing.exposed_s
 
+    def ride(self, finishing: Sequence[tuple[Lease, int]]) -> ForwardBackups | None:
+        """Plan the next forward's layer-by-layer backups of the pages it completes.
+
+        ``finishing`` names each request whose prompt the forward ends: its lease and prompt
+        length. The scheduler queues each layer's copies once the forward has written the
+        layer (:meth:`ForwardBackups.written
+        <hicache_storage.engine.layer_backups.ForwardBackups.written>`), then
+        ``finish()`` or, if the forward failed, ``abandon()``; None when nothing is copied.
+        """
+        self._check_open()
+        return self.layer_backups.plan(finishing)
+
     def release(self, lease: Lease, tokens: Sequence[int], slots: torch.Tensor) -> None:
         """Insert the request's computed KV, apply the write policy and drop the lock.
 
@@ -527,6 +541,12 @@ class TierCache:
         if lease.released:
             raise HostPoolError("this lease was already released")
         lease.released = True
+        try:
+            self._release(lease, tokens, slots)
+        finally:  # the host slots of ridden copies no node took
+            self.layer_backups.give_back(lease)
+
+    def _release(self, lease: Lease, tokens: Sequence[int], slots: torch.Tensor) -> None:
         held = lease.slots.to("cpu", torch.int64)
         page = self.config.page_size
         keep = len(tokens) // page * page if self.config.prefix_cache else 0
@@ -549,7 +569,13 @@ class TierCache:
         if keep:
             self._mark_in_storage(lease, tokens[:keep])
         if self.config.write.policy is WritePolicy.WRITE_THROUGH and keep:
-            self._write_through(last)
+            # Split the tree where the ridden copies end (the prompt's end, before the output's
+            # pages), so that whole nodes cover them.
+            for copy in lease.ridden:
+                for end in (copy.start, copy.stop):
+                    if 0 < end < keep:
+                        self.tree.match_prefix(tokens[:end], seed=lease.seed, touch=False)
+            self._write_through(last, lease)
 
     def _mark_in_storage(self, lease: Lease, tokens: Sequence[int]) -> None:
         """Mark stored the nodes a request computed over pages its query found in storage.
@@ -574,7 +600,7 @@ class TierCache:
                 self.stats.pages_known_stored += node.num_tokens // self.config.page_size
             pos += node.num_tokens
 
-    def _write_through(self, node: Node) -> None:
+    def _write_through(self, node: Node, lease: Lease | None = None) -> None:
         """Back ``node``'s path up to the host and queue its unstored pages for storage.
 
         Where the path cannot be put on the host, its unstored pages are written through
@@ -583,7 +609,8 @@ class TierCache:
         """
         if self.host_pool is None:
             return
-        backed_up = self.transfers.backup(node)
+        ridden = None if lease is None else self.layer_backups.taker(lease)
+        backed_up = self.transfers.backup(node, ridden=ridden)
         self.writes.write_path(node, backed_up=backed_up)
 
     # -- background completions ------------------------------------------------------------------

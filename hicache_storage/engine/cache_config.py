@@ -206,17 +206,23 @@ class TransferConfig:
         Run device→host backups on a side stream beside the forwards (a GPU only). Off, each
         backup runs on the forwards' stream and the next forward waits for it; kept to
         measure the overlap against.
+    layer_backups
+        Under ``write_through``, copy the pages a forward computes to the host layer by layer
+        during that forward, each layer once written, rather than all at the request's
+        release (:mod:`~hicache_storage.engine.layer_backups`); off, kept to measure against.
     """
 
     load_max_gbps: float | None = None
     backup_max_gbps: float | None = None
     sms: int | None = 16
     overlap_backups: bool = True
+    layer_backups: bool = True
 
     def __post_init__(self) -> None:
         if self.sms is not None:
             _positive_int("transfer.sms", self.sms)
         _check_bool("transfer.overlap_backups", self.overlap_backups)
+        _check_bool("transfer.layer_backups", self.layer_backups)
         for name in ("load_max_gbps", "backup_max_gbps"):
             rate = getattr(self, name)
             if rate is not None and (

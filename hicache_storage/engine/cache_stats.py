@@ -26,6 +26,9 @@ class CacheStats:
     early_pages_dropped: int = 0
     """Early-loaded pages given back unused (cancelled, already on the device, room needed)."""
     pages_backed_up: int = 0
+    pages_backed_up_by_layer: int = 0
+    """Pages of ``pages_backed_up`` copied during the forward that computed them, layer by layer
+    (:mod:`~hicache_storage.engine.layer_backups`)."""
     pages_fetched: int = 0
     pages_stored: int = 0
     pages_staged: int = 0

@@ -20,7 +20,7 @@ from .loading import EarlyLoad, LayerLoad
 from .nodes import Node
 from .tiers import Tiers
 
-__all__ = ["CopiesInFlight", "StoredCopies"]
+__all__ = ["CopiesInFlight", "LayerCopies", "StoredCopies"]
 
 _COPY_OUTCOMES = 64
 """Stored pages copied to the host whose fate (hit there, or evicted unread) decides whether
@@ -86,6 +86,19 @@ class CopiesInFlight:
         if self.tiers.io is not None:
             self._in_flight().append((host, fence))
         return fence
+
+    def layer_copies(self, device: torch.Tensor, host: torch.Tensor) -> LayerCopies:
+        """Return copies of ``device`` into ``host`` to queue layer by layer (``layer_backups``)."""
+        return LayerCopies(self, device, host)
+
+    def track_copy(self, device: torch.Tensor, host: torch.Tensor, fence: CopyFence) -> None:
+        """Order later uses of ``device`` and ``host`` slots after a copy ending at ``fence``."""
+        if self._stream is not None:
+            self._device_copies = [c for c in self._device_copies if not c[1].done()]
+            self._device_copies.append((device, fence))
+            self._last = fence
+        if self.tiers.io is not None:
+            self._in_flight().append((host, fence))
 
     def fence(self) -> CopyFence | None:
         """Return a fence after every device→host copy queued so far (None without a transfer)."""
@@ -167,6 +180,53 @@ class CopiesInFlight:
             else:
                 still.append((load, nodes))
         self._loading = still
+
+
+class LayerCopies:
+    """Device→host copies of a fixed set of slots, queued one layer at a time.
+
+    On the backup stream (with ``transfer.overlap_backups`` on a GPU) each layer's copy waits
+    for the work the forward's stream has queued so far, which includes that layer's KV
+    writes; elsewhere each copy runs as it is queued.
+    """
+
+    def __init__(self, copies: CopiesInFlight, device: torch.Tensor, host: torch.Tensor) -> None:
+        tiers = copies.tiers
+        assert tiers.transfer is not None
+        self._copies = copies
+        self._transfer = tiers.transfer
+        self._pace = tiers.config.transfer.backup_max_gbps
+        self._stream = copies._stream
+        self.device = device
+        self.host = host
+        self.layers = tiers.device_pool.layer_num
+        self._target = tiers.device_pool.device
+        if self._stream is None:
+            self._dev, self._host = device, host
+        else:
+            with torch.cuda.stream(self._stream):  # pinned: see CopiesInFlight.copy_to_host
+                self._dev = device.pin_memory().to(self._target, non_blocking=True)
+                self._host = host.pin_memory().to(self._target, non_blocking=True)
+
+    def copy(self, layer: int) -> None:
+        """Queue layer ``layer``'s copy, after what the forward's stream has queued."""
+        stream = self._stream
+        if stream is None:
+            self._transfer.backup(self._dev, self._host, layer=layer, max_gbps=self._pace)
+            return
+        stream.wait_stream(torch.cuda.current_stream(self._target))
+        with torch.cuda.stream(stream):
+            self._transfer.backup(self._dev, self._host, layer=layer, max_gbps=self._pace)
+
+    def finish(self) -> CopyFence:
+        """Return a fence after every layer queued, and track the slots until it passes."""
+        if self._stream is None:
+            fence = self._transfer.fence()
+        else:
+            with torch.cuda.stream(self._stream):
+                fence = self._transfer.fence()
+        self._copies.track_copy(self.device, self.host, fence)
+        return fence
 
 
 class StoredCopies:

@@ -6,13 +6,17 @@ Both are records the scheduler holds and gives back to :class:`TierCache
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from .loading import EarlyLoad
 from .nodes import Node
 from .storage_jobs import Prefetch
+
+if TYPE_CHECKING:
+    from .layer_backups import RiddenCopy
 
 __all__ = ["Lease", "Lookup"]
 
@@ -49,6 +53,9 @@ class Lease:
     in_storage
         Prompt tokens ``[begin, end)`` its existence query found in storage: what it computes
         of them (a fetch cut or not worth it) is not written again.
+    ridden
+        Host copies of its computed pages that the forward ending its prompt made layer by
+        layer (:mod:`~hicache_storage.engine.layer_backups`), until its release takes them.
     """
 
     tokens: tuple[int, ...]
@@ -61,3 +68,4 @@ class Lease:
     storage_hit: int = 0
     released: bool = False
     in_storage: tuple[int, int] = (0, 0)
+    ridden: list[RiddenCopy] = field(default_factory=list)

@@ -431,10 +431,21 @@ class Scheduler:
         load = self.cache.take_load()
         loaded, self._admitted = self._admitted, []
         cache = self.cache
+        backups = cache.ride(
+            [
+                (request.lease, len(request.prompt))
+                for request, _, chunk in batch
+                if request.state is RequestState.PREFILL
+                and request.lease is not None
+                and request.computed + chunk >= len(request.prompt)
+            ]
+        )
 
         def layer_ready(layer: int) -> None:
             if load is not None:
                 load.wait(layer)
+            if backups is not None and layer:  # the layer before has queued its KV writes
+                backups.written(layer - 1)
             if layer % _READS_EVERY_LAYERS == 0:  # reads of requests that came meanwhile
                 cache.start_reads()
 
@@ -445,10 +456,14 @@ class Scheduler:
                 self.cache.device_pool,
                 layer_ready=layer_ready,
             )
+            if backups is not None:
+                backups.finish()
             tokens: list[int | None] = [next_token(row) for row in logits]
             measured = True
         except Exception:  # noqa: BLE001 - find the request that breaks it; the others go on
             logger.warning("a batched forward failed; computing its requests one by one")
+            if backups is not None:  # its copies may hold a failed forward's KV
+                backups.abandon()
             tokens = self._forward_one_by_one(batch, load)
             measured = False
         forward_s = seconds = time.perf_counter() - began

@@ -9,6 +9,8 @@ runs layer by layer (:meth:`~Transfers.take_load`). An admitted request's early 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from hicache_storage.errors import HostPoolError
@@ -115,7 +117,13 @@ class Transfers:
         """Whether ``node`` is a root or on the host, backing it up to the host if needed."""
         return node.is_root or Tier.HOST in node.tiers or self.backup(node, keep_stored=True)
 
-    def backup(self, node: Node, *, keep_stored: bool = False) -> bool:
+    def backup(
+        self,
+        node: Node,
+        *,
+        keep_stored: bool = False,
+        ridden: Callable[[int, torch.Tensor], torch.Tensor | None] | None = None,
+    ) -> bool:
         """L1→L2: copy a device node (and any ancestors not yet on the host) to the host.
 
         A page storage holds evicts another stored host page for its copy only while such
@@ -126,15 +134,29 @@ class Transfers:
         prefix at each release, and its host tier served no page. Such a path's new pages reach
         storage through staging slots. The path is locked meanwhile, so that making room on
         the host never evicts the part of it already copied.
+
+        ``ridden`` gives, by a node's first token position on the path and its device slots,
+        host slots the forward already copied those slots into
+        (:mod:`~hicache_storage.engine.layer_backups`): the node takes them as its host copy,
+        with no copy of its own.
         """
         tiers = self.tiers
         pool = tiers.host_pool
         tiers.tree.lock(node)
         try:
+            position = 0
             for step in tiers.tree.path(node):
+                begin, position = position, position + step.num_tokens
                 if step.is_root or Tier.HOST in step.tiers:
                     continue
                 device = step.device_indices
+                early = None if ridden is None or device is None else ridden(begin, device)
+                if early is not None:
+                    tiers.tree.attach_host(step, early)
+                    pages = step.num_tokens // tiers.page_size
+                    tiers.stats.pages_backed_up += pages
+                    tiers.stats.pages_backed_up_by_layer += pages
+                    continue
                 if step.stored and not keep_stored and not self.stored_copies.pay():
                     free = tiers.free_host() >= step.num_tokens
                     host = pool.alloc(step.num_tokens) if pool is not None and free else None
