@@ -299,7 +299,8 @@ class QuotaConfig(_Config, frozen=True):
         pages). Otherwise a path of an SQLite file on a file system every writer mounts, or a
         ``redis://`` URL (then ``namespace`` names the ledger there).
     namespace
-        The ledger's name inside a ``redis://`` ledger.
+        The namespace's account inside a shared ledger: required with a ``redis://`` one;
+        tenants sharing one SQLite file each give their own (None there: the file's default).
     hold_s
         How long a write's claim on room counts once made: a process killed mid-write leaves
         a claim that nobody settles, forgotten this long after it was made. Every backend

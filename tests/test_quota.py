@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,9 @@ import torch
 
 from hicache_storage import StorageBackend, create_backend, open_backend
 from hicache_storage.config import LayerConfig, QuotaConfig, load_config
-from hicache_storage.errors import BackendUnavailableError, ConfigError
-from hicache_storage.layers import QuotaLayer
+from hicache_storage.errors import BackendIOError, BackendUnavailableError, ConfigError
+from hicache_storage.layers import ForwardingBackend, QuotaLayer
+from hicache_storage.layers.verify import RECORD_PREFIX
 from hicache_storage.quota import SQLiteLedger
 
 from .helpers import make_pool, page_indices
@@ -236,3 +238,130 @@ def test_a_damaged_ledger_is_a_store_error_and_close_twice_is_quiet(tmp_path: Pa
     assert sum(backend.stats()["degraded"]["errors"]["set"].values()) == 1
     backend.close()
     backend.close()
+
+
+def test_pages_the_quota_evicts_or_deletes_take_their_integrity_records(tmp_path: Path) -> None:
+    pool = make_pool("mha", "page_first", pages=4)
+    backend = _backend(tmp_path, quota=2 * pool.page_nbytes)
+    backend.register_host_pool(pool)
+    for i in range(12):
+        assert backend.batch_set_v1([f"p{i}"], page_indices(pool, [i % 4])) == [True]
+    assert backend.stats()["quota"]["evicted_pages"] >= 10
+    assert backend.delete("p11")
+    names = [name for _, _, files in os.walk(tmp_path) for name in files if name[0] != "."]
+    records = [name for name in names if name.startswith(RECORD_PREFIX)]
+    assert len(records) == len(names) - len(records) == backend.stats()["quota"]["pages"]
+    backend.close()
+
+
+class _Races(ForwardingBackend):
+    """A store where another writer's page lands just after a delete or a clear of its own."""
+
+    def __init__(self, inner: StorageBackend) -> None:
+        super().__init__(inner)
+        self.landing: Callable[[], object] = lambda: None
+
+    def delete(self, key: str) -> bool:
+        existed = self.inner.delete(key)
+        self.landing()
+        return existed
+
+    def clear(self) -> None:
+        self.inner.clear()
+        self.landing()
+
+
+def _racing(root: Path) -> tuple[QuotaLayer, _Races, StorageBackend]:
+    """A quota layer over a racing store, and another writer of the same namespace."""
+    store = _Races(create_backend("file", {"root": str(root)}, layers=LayerConfig(stack=())))
+    return QuotaLayer(store, QuotaConfig(bytes=QUOTA)), store, _backend(root)
+
+
+def test_a_write_landing_during_a_clear_stays_counted(tmp_path: Path) -> None:
+    layer, store, writer = _racing(tmp_path)
+    assert layer.set("old", bytes(VALUE))
+    store.landing = lambda: writer.set("late", bytes(VALUE))
+    layer.clear()
+    assert writer.exists("late") and not writer.exists("old")
+    quota = writer.stats()["quota"]
+    assert (quota["used_bytes"], quota["pages"]) == (VALUE, 1)
+    layer.close()
+    writer.close()
+
+
+def test_a_write_landing_during_a_delete_of_its_key_stays_counted(tmp_path: Path) -> None:
+    layer, store, writer = _racing(tmp_path)
+    assert layer.set("k", bytes(VALUE))
+    store.landing = lambda: writer.set("k", bytes(VALUE))
+    assert layer.delete("k")
+    assert writer.exists("k")
+    quota = writer.stats()["quota"]
+    assert (quota["used_bytes"], quota["pages"]) == (VALUE, 1)
+    layer.close()
+    writer.close()
+
+
+def test_a_delete_that_fails_keeps_the_page_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    layer, store, writer = _racing(tmp_path)
+    writer.close()
+    assert layer.set("k", bytes(VALUE))
+
+    def fails(key: str) -> bool:
+        raise BackendIOError(f"{key} could not be deleted")
+
+    monkeypatch.setattr(store, "delete", fails)
+    with pytest.raises(BackendIOError):
+        layer.delete("k")
+    assert layer.stats()["quota"]["used_bytes"] == VALUE
+    layer.close()
+
+
+def test_tenants_sharing_an_sqlite_ledger_file_keep_apart_accounts(tmp_path: Path) -> None:
+    ledger = str(tmp_path / "shared.sqlite")
+
+    def tenant(name: str | None) -> StorageBackend:
+        quota = QuotaConfig(bytes=4 * VALUE, ledger=ledger, namespace=name)
+        root = {"root": str(tmp_path / (name or "default"))}
+        return create_backend("file", root, layers=LayerConfig(quota=quota))
+
+    a, b, default = tenant("a"), tenant("b"), tenant(None)
+    for i in range(4):
+        assert b.set(f"b{i}", bytes(VALUE)) and default.set(f"d{i}", bytes(VALUE))
+    for i in range(8):
+        assert a.set(f"a{i}", bytes(VALUE))
+    a.clear()
+    for other in (b, default):
+        quota = other.stats()["quota"]
+        assert (quota["used_bytes"], quota["pages"], quota.get("evicted_pages", 0)) == (
+            4 * VALUE,
+            4,
+            0,
+        )
+    assert all(b.exists(f"b{i}") for i in range(4))
+    for backend in (a, b, default):
+        backend.close()
+
+
+def test_a_key_repeated_in_a_batch_is_stored_and_counted_once(tmp_path: Path) -> None:
+    backend = _backend(tmp_path, quota=VALUE + VALUE // 2)
+    values = [bytes([1]) * VALUE, bytes([2]) * VALUE]
+    assert backend.batch_set(["d", "d"], values) == [True, True]
+    assert backend.get("d") == values[1], "the last write wins"
+    quota = backend.stats()["quota"]
+    assert (quota["used_bytes"], quota["pages"], quota.get("shed_pages", 0)) == (VALUE, 1, 0)
+    pool = make_pool("mha", "page_first", pages=4)
+    pool.kv_buffer.view(-1).view(torch.uint8).copy_(
+        torch.arange(pool.kv_buffer.numel() * 2, dtype=torch.int64).remainder(251)
+    )
+    pages = _backend(tmp_path / "pages", quota=2 * pool.page_nbytes)
+    pages.register_host_pool(pool)
+    stored = pages.batch_set_v1(["p", "q", "p"], torch.tensor(page_indices(pool, range(3))))
+    assert stored == [True] * 3
+    assert pages.batch_get_v1(["p"], page_indices(pool, [3])) == [True]
+    assert torch.equal(
+        pool.get_data_page(3 * pool.page_size), pool.get_data_page(2 * pool.page_size)
+    )
+    backend.close()
+    pages.close()

@@ -157,3 +157,15 @@ def test_every_layout_verifies(layout: str) -> None:
     keys = [f"{layout}-{i}" for i in range(PAGES)]
     layer = _stored(MemoryBackend(), pool, keys)
     assert layer.batch_get_v1(keys, _pages(pool, range(PAGES, 2 * PAGES))) == [True] * PAGES
+
+
+def test_deleting_a_page_deletes_its_record() -> None:
+    pool = _filled(7)
+    keys = [f"p{i}" for i in range(PAGES)]
+    store = MemoryBackend()
+    layer = _stored(store, pool, keys)
+    assert layer.delete("p0") is True
+    assert not store.exists("p0") and not store.exists(record_key("p0"))
+    assert store.exists(record_key("p1")), "other pages keep their records"
+    assert layer.delete("p0") is False
+    assert layer.batch_get_v1(keys[1:], _pages(pool, range(PAGES, 2 * PAGES - 1))) == [True] * 3

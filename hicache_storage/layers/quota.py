@@ -16,7 +16,11 @@ or clears. This layer bounds a namespace's bytes by :attr:`QuotaConfig.bytes
 * Reads mark their hits as used: the times are kept here and reach the ledger with this
   process's next reservation (or once a few thousand gathered, or every few seconds), so a read
   costs the ledger nothing on its own.
-* ``delete`` and ``clear`` take the pages out of the ledger as well.
+* A key repeated in one batch is written and counted once, with its last value (the last write
+  wins); each of its positions reports that write.
+* ``delete`` and ``clear`` take the pages out of the ledger, then out of the store: a write racing
+  them settles after they left the ledger, so the ledger may count a page they then removed
+  (until it is evicted), never miss one that stays stored.
 
 A ledger that does not answer is an infrastructure error (a counted miss under degrade); a write
 is then not stored, never stored past the quota.
@@ -55,6 +59,9 @@ _TOUCH_FLUSH_S = 5.0
 writers' evictions see the read after at most this long."""
 
 
+_NO_HOLD = ""
+"""A hold id no ledger gives out: settling it only records pages (a delete's, put back)."""
+
 _ROOM_WAIT_S = 1.0
 """Longest a write waits for room that other writers hold (their writes, their evictions) before
 it is shed: with a store that answers they take milliseconds; a store that does not is the
@@ -90,12 +97,17 @@ class QuotaLayer(ForwardingBackend):
     def set(self, key: str, value: Buffer) -> bool:
         """Store ``key`` within the quota (evicting the namespace's oldest pages if needed)."""
         size = as_readable(value).nbytes
-        return self._write([(key, size)], lambda n: [self.inner.set(key, value)])[0]
+        return self._write([(key, size)], lambda _: [self.inner.set(key, value)])[0]
 
     def batch_set(self, keys: Sequence[str], values: Sequence[Buffer]) -> list[bool]:
         """Store the pages that fit within the quota; the rest of the batch is shed."""
         sizes = [(key, as_readable(value).nbytes) for key, value in zip(keys, values, strict=True)]
-        return self._write(sizes, lambda n: self.inner.batch_set(keys[:n], values[:n]))
+        return self._write(
+            sizes,
+            lambda picked: self.inner.batch_set(
+                [keys[i] for i in picked], [values[i] for i in picked]
+            ),
+        )
 
     def batch_set_v1(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
@@ -105,37 +117,44 @@ class QuotaLayer(ForwardingBackend):
         step = pool.page_size
         sizes = [(key, pool.page_nbytes) for key in keys]
         return self._write(
-            sizes, lambda n: self.inner.batch_set_v1(keys[:n], host_indices[: n * step])
+            sizes,
+            lambda picked: self.inner.batch_set_v1(
+                [keys[i] for i in picked], _pick_pages(host_indices, picked, step)
+            ),
         )
 
     def _write(
-        self, sizes: list[tuple[str, int]], write: Callable[[int], list[bool]]
+        self, sizes: list[tuple[str, int]], write: Callable[[list[int]], list[bool]]
     ) -> list[bool]:
-        """Reserve room for the leading pages that can fit, evict, write them, settle."""
+        """Reserve room for the leading pages that can fit, evict, write them, settle.
+
+        ``write`` stores the pages at the positions it is given: each key's last position
+        among the leading ones, so a repeated key is written and counted once.
+        """
         quota = self.config.bytes
+        last: dict[str, int] = {}  # each key's last position among those that fit
         fit, total = 0, 0
-        for _, size in sizes:
-            if total + size > quota:
+        for i, (key, size) in enumerate(sizes):
+            replaced = sizes[last[key]][1] if key in last else 0
+            if total - replaced + size > quota:
                 break
-            fit, total = fit + 1, total + size
+            last[key] = i
+            fit, total = i + 1, total - replaced + size
         shed = len(sizes) - fit
         grant = self._reserve(total) if fit else None
         if grant is None:
             self._count(shed_pages=len(sizes))
             return [False] * len(sizes)
+        picked = sorted(last.values())
         try:
             self._evict(grant)
-            stored = list(write(fit))
+            stored = dict(zip(picked, write(picked), strict=True))
         except BaseException:
             self._ledger.release(grant.hold)
             raise
-        self._ledger.settle(
-            grant.hold,
-            [entry for entry, ok in zip(sizes[:fit], stored, strict=True) if ok],
-            now=self._clock(),
-        )
-        self._count(shed_pages=shed, stored_pages=sum(stored))
-        return stored + [False] * shed
+        self._ledger.settle(grant.hold, [sizes[i] for i in picked if stored[i]], now=self._clock())
+        self._count(shed_pages=shed, stored_pages=sum(stored.values()))
+        return [stored[last[key]] for key, _ in sizes[:fit]] + [False] * shed
 
     def _reserve(self, total: int) -> Grant | None:
         """Reserve ``total`` bytes, waiting up to :data:`_ROOM_WAIT_S` for room in flight."""
@@ -218,15 +237,28 @@ class QuotaLayer(ForwardingBackend):
     # -- housekeeping ---------------------------------------------------------------------------
 
     def delete(self, key: str) -> bool:
-        """Delete ``key`` and take it out of the ledger."""
-        existed = self.inner.delete(key)
-        self._ledger.forget([key])
-        return existed
+        """Take ``key`` out of the ledger, then delete it (back in the ledger if that fails).
+
+        In this order a write of ``key`` racing the delete, in any process, settles after the
+        forget: the ledger may count a page the delete then removed, never miss a stored one.
+        """
+        forgotten = self._ledger.forget([key])
+        try:
+            return self.inner.delete(key)
+        except BaseException:
+            self._ledger.settle(_NO_HOLD, forgotten, now=self._clock())
+            raise
 
     def clear(self) -> None:
-        """Clear the namespace and its ledger's pages."""
-        self.inner.clear()
+        """Take the namespace's pages out of the ledger, then clear the namespace.
+
+        In this order a write racing the clear, in any process, settles after the ledger was
+        cleared: the ledger may count a page the clear then removed, never miss a stored one.
+        A clear that fails partway leaves the pages it did not remove uncounted until one
+        succeeds.
+        """
         self._ledger.clear()
+        self.inner.clear()
 
     def stats(self) -> dict[str, Any]:
         """Add ``quota`` (the ledger's figures and this process's counts) and its capacity."""
@@ -271,6 +303,19 @@ class QuotaLayer(ForwardingBackend):
             for name, n in counts.items():
                 if n:
                     self._counts[name] += n
+
+
+def _pick_pages(
+    host_indices: torch.Tensor | Sequence[int], picked: list[int], step: int
+) -> torch.Tensor | Sequence[int]:
+    """Return the host indices of the pages at positions ``picked`` (``step`` indices a page)."""
+    if picked == list(range(len(picked))):
+        return host_indices[: len(picked) * step]
+    if isinstance(host_indices, Sequence):
+        return [int(j) for i in picked for j in host_indices[i * step : (i + 1) * step]]
+    import torch
+
+    return torch.cat([host_indices[i * step : (i + 1) * step] for i in picked])
 
 
 def _eviction_error(n: int) -> BackendError:

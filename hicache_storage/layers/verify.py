@@ -206,6 +206,19 @@ class VerifyLayer(ForwardingBackend):
                     return i
         return found
 
+    # -- housekeeping -----------------------------------------------------------------------------
+
+    def delete(self, key: str) -> bool:
+        """Delete ``key``'s record, then the page (whether the page existed).
+
+        A deleted or evicted page (the quota layer evicts through here) takes its record with
+        it, so records do not pile up beside a bounded namespace. Record first: a delete that
+        fails halfway leaves a page without a record (a miss), not a record without a page.
+        """
+        if not self._foreign:
+            self.inner.delete(record_key(key))
+        return self.inner.delete(key)
+
     def stats(self) -> dict[str, Any]:
         """Return the inner stats with this layer's counts under ``verify``."""
         with self._lock:

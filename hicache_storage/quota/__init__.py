@@ -15,7 +15,9 @@ __all__ = ["Grant", "LedgerUsage", "QuotaLedger", "RedisLedger", "SQLiteLedger",
 
 
 def open_ledger(location: str, namespace: str | None = None) -> QuotaLedger:
-    """Open the ledger at ``location``: a ``redis://`` URL (``namespace`` names it) or a path.
+    """Open ``namespace``'s ledger at ``location``: a ``redis://`` URL or an SQLite file's path.
+
+    Namespaces sharing one location keep apart accounts there (a Redis ledger needs one).
 
     Raises
     ------
@@ -33,4 +35,4 @@ def open_ledger(location: str, namespace: str | None = None) -> QuotaLedger:
             ) from exc
         assert namespace, "QuotaConfig requires namespace with a redis:// ledger"
         return RedisLedger(redis.Redis.from_url(location), namespace)
-    return SQLiteLedger(location)
+    return SQLiteLedger(location, namespace)

@@ -90,8 +90,12 @@ class QuotaLedger(Protocol):
         """Record the reads of ``touched`` (key, time) for the least-recently-used order."""
         ...
 
-    def forget(self, keys: Sequence[str]) -> None:
-        """Take ``keys`` out of the ledger (they were deleted)."""
+    def forget(self, keys: Sequence[str]) -> list[tuple[str, int]]:
+        """Take ``keys`` out of the ledger (they are about to be deleted).
+
+        Returns the ``(key, nbytes)`` it held, for :meth:`settle` to put back should the delete
+        fail.
+        """
         ...
 
     def clear(self) -> None:

@@ -106,19 +106,22 @@ redis.call('INCRBY', KEYS[5], added)
 return added
 """
 
-# ARGV: the keys deleted.
+# ARGV: the keys to take out; returns (key, nbytes) of those it held.
 _FORGET = """
 local gone = 0
+local answer = {}
 for _, key in ipairs(ARGV) do
   local size = redis.call('HGET', KEYS[2], key)
   if size then
     gone = gone + tonumber(size)
+    answer[#answer + 1] = key
+    answer[#answer + 1] = size
     redis.call('HDEL', KEYS[2], key)
     redis.call('ZREM', KEYS[1], key)
   end
 end
 redis.call('DECRBY', KEYS[5], gone)
-return gone
+return answer
 """
 
 _TOUCH = _EXPIRE_AND_TOUCH.replace("ARGV_TOUCH", "2") + "return 0"
@@ -209,10 +212,12 @@ class RedisLedger:
             args += [key, repr(when)]
         self._run("touch", args)
 
-    def forget(self, keys: Sequence[str]) -> None:
+    def forget(self, keys: Sequence[str]) -> list[tuple[str, int]]:
         """See :meth:`QuotaLedger.forget`."""
-        if keys:
-            self._run("forget", list(keys))
+        if not keys:
+            return []
+        answer = self._run("forget", list(keys))
+        return [(_text(answer[i]), int(answer[i + 1])) for i in range(0, len(answer), 2)]
 
     def clear(self) -> None:
         """See :meth:`QuotaLedger.clear`."""

@@ -108,3 +108,19 @@ def test_the_ledger_is_never_taken_for_pages(tenants: Any, redis_service: LocalS
     assert backend.batch_exists(["a"]) == 0
     assert backend.stats()["quota"]["used_bytes"] == 0
     assert _stored(redis_service, "led") == 0
+
+
+def test_a_delete_leaves_the_ledger_before_the_store(
+    tenants: Any, redis_service: LocalService
+) -> None:
+    backend = tenants("del")
+    assert backend.set("a", bytes(VALUE)) and backend.set("b", bytes(VALUE))
+    assert backend.delete("a")
+    quota = backend.stats()["quota"]
+    assert (quota["used_bytes"], quota["pages"]) == (VALUE, 1) and _stored(redis_service, "del")
+    ledger = backend.unwrap().quota_ledger()
+    try:
+        assert ledger.forget(["b", "gone"]) == [("b", VALUE)]  # what a failed delete puts back
+    finally:
+        ledger.close()
+    assert backend.stats()["quota"]["used_bytes"] == 0
