@@ -20,57 +20,17 @@ back and nothing is attached.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from .copies import CopiesInFlight, LayerCopies
-from .leases import Lease
+from .leases import Lease, RiddenCopy
 from .policies import WritePolicy
 from .tiers import Tiers
 from .writes import StorageWrites
 
-__all__ = ["ForwardBackups", "LayerBackups", "RiddenCopy", "RiddenTaker"]
-
-
-@dataclass
-class RiddenCopy:
-    """The host copy a forward made of prompt tokens ``[start, stop)`` of one request.
-
-    ``device`` and ``host`` hold one slot per token, the copy's source and target; ``taken``
-    marks the tokens whose host slots a tree node took as its host copy (the rest go back to
-    the pool at release).
-    """
-
-    start: int
-    stop: int
-    device: torch.Tensor
-    host: torch.Tensor
-    taken: torch.Tensor = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.taken = torch.zeros(self.stop - self.start, dtype=torch.bool)
-
-    def take(self, begin: int, device: torch.Tensor) -> torch.Tensor | None:
-        """Return the host copy of tokens from ``begin`` if made from ``device`` and not taken.
-
-        A node whose tokens another request inserted first holds that request's device slots:
-        its host copy is made from them, not taken from this request's copy.
-        """
-        count = int(device.numel())
-        if begin < self.start or begin + count > self.stop:
-            return None
-        part = slice(begin - self.start, begin - self.start + count)
-        if bool(self.taken[part].any()) or not torch.equal(
-            self.device[part], device.to("cpu", torch.int64)
-        ):
-            return None
-        self.taken[part] = True
-        return self.host[part]
-
-    def untaken(self) -> torch.Tensor:
-        """Return the host slots no node took."""
-        return self.host[~self.taken]
+__all__ = ["ForwardBackups", "LayerBackups", "RiddenTaker"]
 
 
 class ForwardBackups:

@@ -7,7 +7,6 @@ Both are records the scheduler holds and gives back to :class:`TierCache
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,10 +14,7 @@ from .loading import EarlyLoad
 from .nodes import Node
 from .storage_jobs import Prefetch
 
-if TYPE_CHECKING:
-    from .layer_backups import RiddenCopy
-
-__all__ = ["Lease", "Lookup"]
+__all__ = ["Lease", "Lookup", "RiddenCopy"]
 
 
 @dataclass
@@ -35,6 +31,46 @@ class Lookup:
     """The anchor's host copy is pinned for the fetch (once storage was found to hold pages)."""
     early: EarlyLoad | None = None
     """The fetched pages already copied to the device (``prefetch.early_loads``)."""
+
+
+@dataclass
+class RiddenCopy:
+    """The host copy a forward made of prompt tokens ``[start, stop)`` of one request.
+
+    ``device`` and ``host`` hold one slot per token, the copy's source and target; ``taken``
+    marks the tokens whose host slots a tree node took as its host copy (the rest go back to
+    the pool at release).
+    """
+
+    start: int
+    stop: int
+    device: torch.Tensor
+    host: torch.Tensor
+    taken: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.taken = torch.zeros(self.stop - self.start, dtype=torch.bool)
+
+    def take(self, begin: int, device: torch.Tensor) -> torch.Tensor | None:
+        """Return the host copy of tokens from ``begin`` if made from ``device`` and not taken.
+
+        A node whose tokens another request inserted first holds that request's device slots:
+        its host copy is made from them, not taken from this request's copy.
+        """
+        count = int(device.numel())
+        if begin < self.start or begin + count > self.stop:
+            return None
+        part = slice(begin - self.start, begin - self.start + count)
+        if bool(self.taken[part].any()) or not torch.equal(
+            self.device[part], device.to("cpu", torch.int64)
+        ):
+            return None
+        self.taken[part] = True
+        return self.host[part]
+
+    def untaken(self) -> torch.Tensor:
+        """Return the host slots no node took."""
+        return self.host[~self.taken]
 
 
 @dataclass
