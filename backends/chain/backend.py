@@ -58,7 +58,9 @@ _READ_KINDS: Final = ("first_read", "later_read")
 PROMOTION_BACKOFF_S: Final = (1.0, 60.0)
 """After a tier fails to store a promoted page (full, read-only, unreachable), promotions into it
 are shed for the first value, doubling on each failure up to the second: a tier that cannot
-absorb pages is asked again about once a second, not on every read."""
+absorb pages is asked again about once a second, not on every read. A page larger than the
+tier's bound is no failure of the tier (it answered; the page cannot fit): it is refused, and
+the other pages are still offered."""
 
 
 def chain_capabilities(tiers: Sequence[Capabilities]) -> Capabilities:
@@ -96,8 +98,11 @@ class _Tier:
     promoted: int = 0
     promotion_failed: int = 0
     promotion_shed: int = 0
+    promotion_refused: int = 0
     backoff_s: float = 0.0
     promote_from: float = 0.0
+    bound: int | None = None
+    """The tier's capacity bound, once a failed promotion asked it (``ChainBackend._bound_of``)."""
 
 
 @closed_guard
@@ -159,7 +164,7 @@ class ChainBackend(StorageBackend):
                 self._count_hits(index, 1)
                 self._pays.served([key] if index == 0 else [], [key] if index else [])
                 if index > 0 and self._admit([key])[0]:
-                    self._promote(index, 1, _setter([key], [value]))
+                    self._promote(index, [len(as_readable(value))], _setter([key], [value]))
                 return value
         return None
 
@@ -203,6 +208,7 @@ class ChainBackend(StorageBackend):
             lambda t, picked: t.batch_get([keys[i] for i in picked], [outs[i] for i in picked]),
             lambda t, picked: t.batch_set([keys[i] for i in picked], [outs[i] for i in picked]),
             keys,
+            lambda i: len(as_readable(outs[i])),
         )
 
     def batch_get_v1(
@@ -215,11 +221,13 @@ class ChainBackend(StorageBackend):
         def pick(picked: list[int]) -> tuple[list[str], Any]:
             return [keys[i] for i in picked], _pages_of(host_indices, picked, size)
 
+        page_nbytes = self.host_pool.page_nbytes
         return self._read(
             len(keys),
             lambda t, picked: t.batch_get_v1(*pick(picked)),
             lambda t, picked: t.batch_set_v1(*pick(picked)),
             keys,
+            lambda i: page_nbytes,
         )
 
     def _read(
@@ -228,8 +236,12 @@ class ChainBackend(StorageBackend):
         read: Callable[[StorageBackend, list[int]], list[bool]],
         write: Callable[[StorageBackend, list[int]], list[bool]],
         keys: Sequence[str],
+        size_of: Callable[[int], int],
     ) -> list[bool]:
-        """Read positions ``0..count`` tier by tier; promote the admitted later-tier hits."""
+        """Read positions ``0..count`` tier by tier; promote the admitted later-tier hits.
+
+        ``size_of(position)`` is the byte size of that position's page.
+        """
         hits = [False] * count
         served = [0] * count
         left = list(range(count))
@@ -260,32 +272,64 @@ class ChainBackend(StorageBackend):
                     i for i, ok in zip(later, admitted, strict=True) if ok and served[i] == index
                 ]
                 if chosen:
-                    self._promote(index, len(chosen), _bound(write, chosen))
+                    self._promote(index, [size_of(i) for i in chosen], _bound(write, chosen))
         return hits
 
     def _promote(
-        self, served_by: int, count: int, write: Callable[[StorageBackend], list[bool]]
+        self,
+        served_by: int,
+        sizes: list[int],
+        write: Callable[[StorageBackend, list[int]], list[bool]],
     ) -> None:
-        """Store ``count`` pages tier ``served_by`` served into each earlier tier that can."""
+        """Store the pages tier ``served_by`` served into each earlier tier that can.
+
+        ``write(tier, picked)`` stores the pages at places ``picked`` of ``sizes`` (their byte
+        sizes). A page larger than the tier's bound is refused, not offered again; only a
+        failure to store a page that fits backs the tier off (:data:`PROMOTION_BACKOFF_S`).
+        """
         now = time.monotonic()
         for index, tier in enumerate(self._tiers[:served_by]):
             with self._lock:
                 if now < tier.promote_from:
-                    tier.promotion_shed += count
+                    tier.promotion_shed += len(sizes)
                     continue
+                bound = tier.bound
+            picked = [i for i, size in enumerate(sizes) if bound is None or size <= bound]
             began = time.monotonic()
-            stored = write(tier.backend)
-            if index == 0:
-                self._pays.observe("first_write", count, time.monotonic() - began)
+            stored = write(tier.backend, picked) if picked else []
+            if index == 0 and picked:
+                self._pays.observe("first_write", len(picked), time.monotonic() - began)
+            failed = [i for i, ok in zip(picked, stored, strict=True) if not ok]
+            if failed and bound is None:
+                bound = self._bound_of(tier)
+            too_big = sum(1 for i in failed if bound is not None and sizes[i] > bound)
             with self._lock:
-                tier.promoted += sum(stored)
-                tier.promotion_failed += len(stored) - sum(stored)
-                if all(stored):
-                    tier.backoff_s = 0.0
-                else:
+                tier.promoted += len(picked) - len(failed)
+                tier.promotion_failed += len(failed) - too_big
+                tier.promotion_refused += len(sizes) - len(picked) + too_big
+                if len(failed) > too_big:
                     low, high = PROMOTION_BACKOFF_S
                     tier.backoff_s = min(high, tier.backoff_s * 2 if tier.backoff_s else low)
                     tier.promote_from = time.monotonic() + tier.backoff_s
+                elif len(picked) > too_big:
+                    tier.backoff_s = 0.0
+
+    def _bound_of(self, tier: _Tier) -> int | None:
+        """Return (and keep) the tier's capacity bound; None where it has none or cannot say.
+
+        Asked after a failed promotion only (a tier's ``stats`` may cost a round trip); a bound
+        once known is kept, a tier's bound being its configuration.
+        """
+        try:
+            capacity = tier.backend.stats().get("capacity") or {}
+        except Exception:  # noqa: BLE001 - a tier that cannot say has no bound the chain knows
+            return None
+        bound = capacity.get("bound_bytes")
+        if not isinstance(bound, int) or isinstance(bound, bool):
+            return None
+        with self._lock:
+            tier.bound = bound
+        return bound
 
     def _count_hits(self, index: int, count: int) -> None:
         if count:
@@ -456,6 +500,7 @@ class ChainBackend(StorageBackend):
                     "promoted": tier.promoted,
                     "promotion_failed": tier.promotion_failed,
                     "promotion_shed": tier.promotion_shed,
+                    "promotion_refused": tier.promotion_refused,
                 }
                 for tier in self._tiers
             ]
@@ -482,15 +527,19 @@ class ChainBackend(StorageBackend):
 
 
 def _bound(
-    write: Callable[[StorageBackend, list[int]], list[bool]], picked: list[int]
-) -> Callable[[StorageBackend], list[bool]]:
-    """Return ``write`` of positions ``picked``, given only the tier."""
-    return lambda tier: write(tier, picked)
+    write: Callable[[StorageBackend, list[int]], list[bool]], chosen: list[int]
+) -> Callable[[StorageBackend, list[int]], list[bool]]:
+    """Return ``write`` of the positions at places ``picked`` of ``chosen``, given the tier."""
+    return lambda tier, picked: write(tier, [chosen[i] for i in picked])
 
 
-def _setter(keys: list[str], values: list[Buffer]) -> Callable[[StorageBackend], list[bool]]:
-    """Return a call storing ``values`` under ``keys`` in the tier it is given."""
-    return lambda tier: tier.batch_set(keys, values)
+def _setter(
+    keys: list[str], values: list[Buffer]
+) -> Callable[[StorageBackend, list[int]], list[bool]]:
+    """Return a call storing the values at places ``picked`` under their keys in a tier."""
+    return lambda tier, picked: tier.batch_set(
+        [keys[i] for i in picked], [values[i] for i in picked]
+    )
 
 
 def _pages_of(host_indices: torch.Tensor | Sequence[int], picked: list[int], page_size: int) -> Any:

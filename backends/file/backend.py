@@ -46,9 +46,11 @@ SGLang file compatibility (``naming="sglang_file_compat"``)
     SGLang's temporary files included, is never indexed, evicted or removed.
 
 Capacity
-    The objects this instance owns are indexed with their sizes in an :class:`LRUCapacity`, which
-    evicts the least recently used ones when ``max_bytes`` is set. The bound is per instance:
-    ranks sharing a directory should use ``ownership="rank"`` and give each rank its share.
+    The objects this instance owns are indexed with their sizes on disk (value and record) in an
+    :class:`LRUCapacity`, which evicts the least recently used ones when ``max_bytes`` is set; a
+    page and the verify layer's record of it are used and evicted together. The bound is per
+    instance: ranks sharing a directory should use ``ownership="rank"`` and give each rank its
+    share.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from typing_extensions import Buffer
 
@@ -107,6 +109,7 @@ from hicache_storage.kit import (
     write_from,
 )
 from hicache_storage.kit.integrity import RECORD_BYTES, check, record, verify
+from hicache_storage.layers.verify import RECORD_PREFIX, record_key
 from hicache_storage.quota import SQLiteLedger
 
 from .config import FileConfig, capabilities
@@ -116,6 +119,11 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["FileBackend"]
+
+_BatchWrite = Callable[
+    [Sequence[str], list[list[memoryview]], list[int], list[bool], dict[int, HiCacheError]], None
+]
+"""Writes a batch's reserved values (by index), marking each done or recording its failure."""
 
 logger = logging.getLogger(__name__)
 
@@ -184,6 +192,11 @@ def _owns_everything(key: str) -> bool:
     return True
 
 
+def _record_of(key: str) -> str | None:
+    """Return the key of the verify layer's record of page ``key``; None for a record itself."""
+    return None if key.startswith(RECORD_PREFIX) else record_key(key)
+
+
 def _is_our_temp(name: str) -> bool:
     """Return whether ``name`` is exactly one of our temporary names (never SGLang's)."""
     return _OUR_TEMP.fullmatch(name) is not None
@@ -237,6 +250,8 @@ class FileBackend(StorageBackend):
             self._evict_file,
             free_bytes=self._free_bytes,
             min_free_bytes=self._floor(config.min_free_bytes),
+            # A page leaves with its verify record (the layer writes none over SGLang's names).
+            companion=None if self._compat else _record_of,
         )
         self._record = RECORD_BYTES if config.use_integrity else 0
         self._failures: Counter[str] = Counter()
@@ -361,10 +376,17 @@ class FileBackend(StorageBackend):
         return self._per_key("batch_get", [r is True for r in results], failures)
 
     def batch_set(self, keys: Sequence[str], values: Sequence[Buffer]) -> list[bool]:
-        """Store each value under its key, ``io_threads`` at once (the first value wins)."""
+        """Store each value under its key, ``io_threads`` at once (the first value wins).
+
+        Within ``max_bytes`` every value is stored that :meth:`set` one by one would store
+        (see :meth:`_store_batch`); if a write fails, the others are still written and the
+        first failure is raised.
+        """
         if len(keys) != len(values):
             raise BatchMismatchError(f"got {len(keys)} keys but {len(values)} values")
-        return self._io.map(self._set_one, list(zip(keys, values, strict=True)))
+        return self._store_batch(
+            keys, [[as_readable(value)] for value in values], self._write_values
+        )
 
     def _get_into(self, item: tuple[str, Buffer]) -> bool | BackendError:
         key, out = item
@@ -405,10 +427,6 @@ class FileBackend(StorageBackend):
             failures[min(failures)],
         )
         return hits
-
-    def _set_one(self, item: tuple[str, Buffer]) -> bool:
-        key, value = item
-        return self.set(key, value)
 
     def batch_exists(self, keys: Sequence[str]) -> int:
         """Return the length of the leading run of keys that exist."""
@@ -493,36 +511,102 @@ class FileBackend(StorageBackend):
         page fails, the others are still written and the first failure is raised.
         """
         pages = [[flat(view) for view in views] for views in self.page_views(keys, host_indices)]
+        return self._store_batch(keys, pages, self._write_pages, self._prepare_page)
+
+    def _prepare_page(self, key: str) -> None:
+        """Check the medium and make the key's directory (:func:`write_files` needs it)."""
+        self.medium_faults.check("write")
+        self._files.ensure_dir(os.path.dirname(self._path(key)))
+
+    def _store_batch(
+        self,
+        keys: Sequence[str],
+        values: list[list[memoryview]],
+        write: _BatchWrite,
+        prepare: Callable[[str], None] | None = None,
+    ) -> list[bool]:
+        """Store a batch within the bound: reserve each value in turn, write the reserved together.
+
+        When a value finds no room, the batch's own reservations may be what fills the bound:
+        they are written first (then they can be evicted for it), and the value is tried again,
+        so the batch stores what :meth:`set` one by one would, and a key repeated in the batch
+        is found stored by its first copy. ``prepare`` runs before each key's reservation.
+
+        Raises
+        ------
+        HiCacheError
+            The first failure, after every other value was written.
+        """
         done = [False] * len(keys)
         failures: dict[int, HiCacheError] = {}
         todo: list[int] = []
         for i, key in enumerate(keys):
-            try:
-                if self._cached(key) or self._stat(key):
-                    done[i] = True
-                    continue
-                self.medium_faults.check("write")
-                self._files.ensure_dir(os.path.dirname(self._path(key)))
-            except HiCacheError as exc:
-                failures[i] = exc
-                continue
-            except OSError as exc:
-                failures[i] = _io_error(f"write {key!r}", exc)
-                continue
-            if self._owns(key) and not self._capacity.reserve(nbytes(pages[i]), key):
-                # The batch's own reservations may be what fills the bound: write them, so
-                # their pages can be evicted for this one, as one page at a time would.
-                if not todo:
-                    continue
-                self._write_pages(keys, pages, todo, done, failures)
+            admitted = self._admit(key, nbytes(values[i]), prepare)
+            if admitted == "full" and todo:
+                write(keys, values, todo, done, failures)
                 todo = []
-                if not self._capacity.reserve(nbytes(pages[i]), key):
-                    continue
-            todo.append(i)
-        self._write_pages(keys, pages, todo, done, failures)
+                admitted = self._admit(key, nbytes(values[i]), prepare)
+            if isinstance(admitted, HiCacheError):
+                failures[i] = admitted
+            elif admitted == "stored":
+                done[i] = True
+            elif admitted == "reserved":
+                todo.append(i)
+        write(keys, values, todo, done, failures)
         if failures:
             raise failures[min(failures)]
         return done
+
+    def _admit(
+        self, key: str, size: int, prepare: Callable[[str], None] | None
+    ) -> Literal["stored", "reserved", "full"] | HiCacheError:
+        """Ready ``key`` for a batch write: stored already, its room reserved, or no room.
+
+        A failed check or preparation is returned, the batch's other keys going on.
+        """
+        try:
+            if self._cached(key) or self._stat(key):
+                return "stored"
+            if prepare is not None:
+                prepare(key)
+        except HiCacheError as exc:
+            return exc
+        except OSError as exc:
+            return _io_error(f"write {key!r}", exc)
+        if self._owns(key) and not self._capacity.reserve(size + self._record, key):
+            return "full"
+        return "reserved"
+
+    def _write_values(
+        self,
+        keys: Sequence[str],
+        values: list[list[memoryview]],
+        todo: list[int],
+        done: list[bool],
+        failures: dict[int, HiCacheError],
+    ) -> None:
+        """Write the reserved values ``todo``, ``io_threads`` at once; mark each done or failed."""
+        outcomes = self._io.map(self._write_reserved, [(keys[i], values[i]) for i in todo])
+        for i, outcome in zip(todo, outcomes, strict=True):
+            if outcome is None:
+                done[i] = True
+            else:
+                failures[i] = outcome
+
+    def _write_reserved(self, item: tuple[str, list[memoryview]]) -> HiCacheError | None:
+        """Write one reserved value and settle its reservation; return its failure, if any."""
+        key, views = item
+        size = nbytes(views)
+        try:
+            published = self._write(key, self._path(key), views)
+        except HiCacheError as exc:
+            self._settle(key, size, False)
+            return exc
+        except BaseException:
+            self._settle(key, size, False)
+            raise
+        self._settle(key, size, published)
+        return None
 
     def _write_pages(
         self,
@@ -594,14 +678,17 @@ class FileBackend(StorageBackend):
         return published
 
     def _settle(self, key: str, size: int, published: bool) -> None:
-        """Commit or give back a page's reservation; remember a key that is now stored."""
+        """Commit or give back the reservation of a value of ``size`` bytes (and its record).
+
+        A key that is now stored is remembered.
+        """
         owned = self._owns(key)
         if published:
             if owned:
-                self._capacity.commit(key, size)
+                self._capacity.commit(key, size + self._record)
             self._remember(key, size)
         elif owned:
-            self._capacity.abort(size, key)
+            self._capacity.abort(size + self._record, key)
 
     # -- housekeeping ---------------------------------------------------------------------------
 
@@ -824,22 +911,15 @@ class FileBackend(StorageBackend):
         path = self._path(key)
         if self._cached(key) or self._stat(key):
             return True
-        nbytes = sum(view.nbytes for view in views)
-        owned = self._owns(key)
-        if owned and not self._capacity.reserve(nbytes, key):
+        size = nbytes(views)
+        if self._owns(key) and not self._capacity.reserve(size + self._record, key):
             return False
         try:
             published = self._write(key, path, views)
         except BaseException:
-            if owned:
-                self._capacity.abort(nbytes, key)
+            self._settle(key, size, False)
             raise
-        if published:
-            if owned:
-                self._capacity.commit(key, nbytes)
-            self._remember(key, nbytes)
-        elif owned:
-            self._capacity.abort(nbytes, key)
+        self._settle(key, size, published)
         return True
 
     def _write(self, key: str, path: str, views: list[memoryview]) -> bool:
@@ -983,7 +1063,7 @@ class FileBackend(StorageBackend):
                 continue
             if not stat.S_ISREG(info.st_mode):
                 continue
-            found.append((info.st_mtime_ns, key, max(info.st_size - self._record, 0)))
+            found.append((info.st_mtime_ns, key, info.st_size))
         for directory, error in dict(unlisted).items():  # once a directory
             logger.warning(
                 "file backend at %s: cannot list %s (%s); its objects are not indexed, every "

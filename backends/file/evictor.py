@@ -14,6 +14,10 @@ disk work. Bytes being evicted keep counting against the budget until their file
 reservation that caused the eviction is granted only after that, and any other writer that
 needs room meanwhile waits for the eviction in flight instead of evicting more: the objects on
 disk plus the writes in flight never exceed ``max_bytes``.
+
+With ``companion``, each object may have one companion object (a page and the integrity record
+the verify layer stores beside it): a use of either marks both as used, and an eviction takes
+both or neither, so a page is never kept without the record every read of it needs.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ class LRUCapacity:
         are evicted to make room, whatever ``max_bytes`` says (with no ``max_bytes`` too).
     min_free_bytes
         The free-space floor ``free_bytes`` is held above; 0 turns it off.
+    companion
+        Returns the key of an object's companion (its integrity record), or None for an object
+        that has none (a record itself); see the module docstring.
     """
 
     def __init__(
@@ -53,6 +60,7 @@ class LRUCapacity:
         *,
         free_bytes: Callable[[], int] | None = None,
         min_free_bytes: int = 0,
+        companion: Callable[[str], str | None] | None = None,
     ) -> None:
         if max_bytes is not None and max_bytes <= 0:
             raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
@@ -63,6 +71,9 @@ class LRUCapacity:
         self.min_free_bytes = min_free_bytes if free_bytes is not None else 0
         self._free_bytes = free_bytes
         self._remove = remove
+        self._companion = companion
+        self._owner: dict[str, str] = {}
+        """Companion key -> the indexed object it belongs to (the reverse of ``companion``)."""
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
         self._lru: OrderedDict[str, int] = OrderedDict()
@@ -112,11 +123,7 @@ class LRUCapacity:
         with self._lock:
             self._reserved -= nbytes
             self._unpin(key, pinned)
-            old = self._lru.pop(key, None)
-            if old is not None:
-                self._used -= old
-            self._lru[key] = nbytes
-            self._used += nbytes
+            self._index(key, nbytes)
 
     def abort(self, nbytes: int, key: str | None = None) -> None:
         """Give back a reservation whose write failed or found the key already stored."""
@@ -130,33 +137,27 @@ class LRUCapacity:
     def add(self, key: str, nbytes: int) -> None:
         """Index an object found on disk as the most recently used, without a reservation."""
         with self._lock:
-            old = self._lru.pop(key, None)
-            if old is not None:
-                self._used -= old
-            self._lru[key] = nbytes
-            self._used += nbytes
+            self._index(key, nbytes)
 
     def touch(self, key: str) -> None:
-        """Mark ``key`` as just used (a read hit); unknown keys are ignored."""
+        """Mark ``key`` and its companion as just used (a read hit); unknown keys are ignored."""
         with self._lock:
             if key in self._lru:
                 self._lru.move_to_end(key)
+                mate = self._mate(key)
+                if mate is not None and mate in self._lru:
+                    self._lru.move_to_end(mate)
 
     def forget(self, key: str) -> int | None:
         """Drop ``key`` from the index (it was deleted); return its size, or None if unknown."""
         with self._lock:
-            size = self._lru.pop(key, None)
-            if size is not None:
-                self._used -= size
-            return size
+            return self._unindex(key)
 
     def forget_many(self, keys: Iterable[str]) -> None:
         """Drop every key of ``keys`` from the index."""
         with self._lock:
             for key in keys:
-                size = self._lru.pop(key, None)
-                if size is not None:
-                    self._used -= size
+                self._unindex(key)
 
     def enforce(self) -> int:
         """Evict down to the low watermark if usage exceeds the limit; return evictions."""
@@ -217,6 +218,35 @@ class LRUCapacity:
 
     # -- internals (lock held) ------------------------------------------------------------------
 
+    def _index(self, key: str, nbytes: int) -> None:
+        """Index ``key`` as the most recently used object; its companion's recency follows."""
+        self._unindex(key)
+        self._lru[key] = nbytes
+        self._used += nbytes
+        mate = self._companion(key) if self._companion is not None else None
+        if mate is not None:
+            self._owner[mate] = key
+            if mate in self._lru:
+                self._lru.move_to_end(mate)
+
+    def _unindex(self, key: str) -> int | None:
+        """Drop ``key`` from the index (and its companion's tie to it); return its size."""
+        size = self._lru.pop(key, None)
+        if size is None:
+            return None
+        self._used -= size
+        mate = self._companion(key) if self._companion is not None else None
+        if mate is not None:
+            self._owner.pop(mate, None)
+        return size
+
+    def _mate(self, key: str) -> str | None:
+        """Return the companion of indexed ``key``, or the object it is the companion of."""
+        owner = self._owner.get(key)
+        if owner is not None or self._companion is None:
+            return owner
+        return self._companion(key)
+
     def _unpin(self, key: str, pinned: bool) -> None:
         if pinned and self._pinned[key] > 0:
             self._pinned[key] -= 1
@@ -255,24 +285,33 @@ class LRUCapacity:
         return max(0, room) if self.max_bytes is None else max(0, min(self.max_bytes, room))
 
     def _pick(self, excess: int) -> tuple[list[str], int]:
-        """Choose unpinned objects, oldest first, until ``excess`` bytes are covered."""
-        victims: list[str] = []
+        """Choose unpinned objects, oldest first, until ``excess`` bytes are covered.
+
+        An object goes with its companion; one whose companion is being written stays.
+        """
+        victims: dict[str, None] = {}
         freed = 0
         for key, size in self._lru.items():
             if freed >= excess:
                 break
-            if key in self._pinned:
+            if key in self._pinned or key in victims:
                 continue
-            victims.append(key)
+            mate = self._mate(key)
+            if mate in self._pinned:
+                continue
+            victims[key] = None
             freed += size
-        return victims, freed
+            if mate is not None and mate in self._lru:
+                victims[mate] = None
+                freed += self._lru[mate]
+        return list(victims), freed
 
     def _detach(self, victims: list[str]) -> list[tuple[str, int]]:
         """Drop ``victims`` from the index; their bytes count as evicting until removed."""
         detached = []
         for key in victims:
-            size = self._lru.pop(key)
-            self._used -= size
+            size = self._lru[key]
+            self._unindex(key)
             self._evicting += size
             self._evictions += 1
             self._evicted_bytes += size

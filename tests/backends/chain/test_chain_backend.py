@@ -16,6 +16,7 @@ import torch
 from hicache_storage import create_backend
 from hicache_storage.backend import StorageBackend
 from hicache_storage.backends.chain.backend import chain_capabilities
+from hicache_storage.backends.chain.behind import READ_ATTEMPTS
 from hicache_storage.backends.chain.config import ChainConfig
 from hicache_storage.backends.chain.promotion import HitCountPromotion
 from hicache_storage.capabilities import Capabilities
@@ -264,6 +265,55 @@ def test_a_deleted_page_never_reaches_a_later_tier_afterwards(near: Path, far: P
         assert not any(chain.exists(f"d{i}") for i in range(4))
     with _file_backend(far) as remote:
         assert not any(remote.exists(f"d{i}") for i in range(4))
+
+
+def test_write_behind_reads_again_what_the_first_tier_holds_but_failed_to_read(
+    near: Path, far: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-back that misses (a failed read: the tier's layers answer it as a miss) of a page
+    the first tier still holds is tried again; a page the first tier no longer holds is
+    missing; a page never read back is failed after READ_ATTEMPTS reads."""
+    with _chain(_file(near), _file(far), write_policy="behind") as chain:
+        first = chain.unwrap().tiers[0]  # type: ignore[attr-defined]
+        read = first.batch_get
+        calls = []
+
+        def flaky(keys: list[str], outs: list[bytearray]) -> list[bool]:
+            calls.append(list(keys))
+            if len(calls) == 1:
+                assert first.delete("gone")  # evicted before its turn
+                return [False] * len(keys)
+            hits = read(keys, outs)
+            return [hit and key != "stuck" for key, hit in zip(keys, hits, strict=True)]
+
+        monkeypatch.setattr(first, "batch_get", flaky)
+        assert chain.batch_set(["a", "gone", "stuck"], [_value(i) for i in range(3)]) == [True] * 3
+        assert chain.unwrap().flush(30.0)  # type: ignore[attr-defined]
+        behind = chain.stats()["write_behind"]
+        counts = {name: behind[name] for name in ("written", "missing", "failed", "retried")}
+        assert counts == {"written": 1, "missing": 1, "failed": 1, "retried": READ_ATTEMPTS}
+        assert sum(key == "stuck" for batch in calls for key in batch) == READ_ATTEMPTS
+    with _file_backend(far) as remote:
+        assert [remote.exists(key) for key in ("a", "gone", "stuck")] == [True, False, False]
+
+
+def test_a_page_too_big_for_the_first_tier_is_refused_and_backs_off_no_promotion(
+    near: Path, far: Path
+) -> None:
+    with _file_backend(far) as remote:
+        assert remote.set("huge", bytes(8 * VALUE))
+        assert remote.batch_set([f"h{i}" for i in range(3)], [_value(i) for i in range(3)])
+    small = _file(near, max_bytes=4 * VALUE, min_free_bytes=0)
+    with _chain(small, _file(far)) as chain:
+        for _ in range(2):
+            assert chain.get("huge") == bytes(8 * VALUE)
+        for i in range(3):
+            assert chain.get(f"h{i}") == _value(i)
+        tier = _tier(chain, 0)
+        assert tier["promoted"] == 3 and tier["promotion_refused"] == 2
+        assert tier["promotion_failed"] == 0 and tier["promotion_shed"] == 0
+    with _file_backend(near) as local:
+        assert local.batch_exists([f"h{i}" for i in range(3)]) == 3 and not local.exists("huge")
 
 
 def test_a_failing_later_tier_costs_no_local_hit(near: Path, far: Path) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from hicache_storage import create_backend
 from hicache_storage.backends.file import FileBackend, FileConfig
 from hicache_storage.backends.file.baseline import RawDiskBaseline
 from hicache_storage.config import Deployment
@@ -32,6 +33,7 @@ from hicache_storage.errors import (
 from hicache_storage.hostpool import HostKVPool, MHAHostPool, MLAHostPool
 from hicache_storage.kit import pageio
 from hicache_storage.kit.integrity import RECORD_BYTES
+from hicache_storage.layers.verify import record_key
 
 LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
 SENTINEL = 0xA5
@@ -55,6 +57,11 @@ def files_under(root: Path) -> dict[str, int]:
         for name in filenames:
             found[name] = os.stat(os.path.join(dirpath, name)).st_size - RECORD_BYTES
     return found
+
+
+def disk_bytes(root: Path) -> int:
+    """The bytes of every file under ``root`` outside the baseline directory, records included."""
+    return sum(size + RECORD_BYTES for size in files_under(root).values())
 
 
 def temps_under(root: Path) -> list[str]:
@@ -162,7 +169,7 @@ def test_first_value_wins_across_threads(backend: FileBackend) -> None:
     assert results == [True] * len(values)
     assert backend.get("contended") in values
     assert temps_under(Path(backend.root)) == []
-    assert backend.stats()["bytes"] == 65536
+    assert backend.stats()["bytes"] == 65536 + RECORD_BYTES
 
 
 # -- layout on disk -----------------------------------------------------------------------------
@@ -266,7 +273,7 @@ def test_stats(backend: FileBackend) -> None:
     assert stats["backend"] == "file"
     assert stats["root"] == backend.root
     assert stats["objects"] == 2
-    assert stats["bytes"] == 8
+    assert stats["bytes"] == 8 + 2 * RECORD_BYTES  # the files on disk, records included
     assert stats["evictions"] == 0
     assert stats["evicted_bytes"] == 0
 
@@ -302,7 +309,7 @@ def test_persistence_across_reopen(tmp_path: Path) -> None:
         assert b.get("a") == b"alpha"
         assert b.get("b") == b"beta"
         assert b.stats()["objects"] == 2
-        assert b.stats()["bytes"] == 9
+        assert b.stats()["bytes"] == 9 + 2 * RECORD_BYTES
 
 
 def test_metadata_cache_trusts_positive_answers_for_ttl(tmp_path: Path) -> None:
@@ -460,7 +467,7 @@ def test_startup_scan_counts_objects_and_removes_stale_temps(tmp_path: Path) -> 
     os.utime(stale, (old, old))
     with make(tmp_path) as b:
         stats = b.stats()
-        assert (stats["objects"], stats["bytes"]) == (3, 60)
+        assert (stats["objects"], stats["bytes"]) == (3, 60 + 3 * RECORD_BYTES)
         assert not b.exists(".a.tmp.1.deadbeef".lstrip("."))
     assert not stale.exists()
     assert fresh.exists()
@@ -502,7 +509,7 @@ def test_startup_scan_orders_by_mtime_and_enforces_capacity(tmp_path: Path) -> N
         kept = [k for k in (f"k{i}" for i in range(10)) if b.exists(k)]
         assert kept == ["k0", "k1", "k2", "k3", "k4"][: len(kept)]
         assert b.stats()["bytes"] <= 500
-        assert sum(files_under(tmp_path).values()) <= 500
+        assert disk_bytes(tmp_path) <= 500
 
 
 # -- capacity -----------------------------------------------------------------------------------
@@ -517,8 +524,60 @@ def test_value_larger_than_capacity_is_refused(tmp_path: Path) -> None:
         assert files_under(tmp_path) == {"small": 10}
 
 
+def test_bound_counts_the_files_on_disk(tmp_path: Path) -> None:
+    """``max_bytes`` bounds the files as they are on disk: each value with its record."""
+    with make(tmp_path, max_bytes=4096) as b:
+        for i in range(200):
+            assert b.set(f"k{i}", bytes([i]) * 64)
+        assert disk_bytes(tmp_path) == b.stats()["bytes"] <= 4096
+        assert b.set("over", b"x" * (4096 - RECORD_BYTES + 1)) is False
+        assert b.set("whole", b"x" * (4096 - RECORD_BYTES))
+        assert disk_bytes(tmp_path) == 4096
+
+
+def test_batch_set_stores_what_set_one_by_one_stores(tmp_path: Path) -> None:
+    """Values written on parallel threads never find the bound filled by their own batch."""
+    big = 40_000  # two do not fit 64 KiB: the second evicts the first, as set() would
+    with make(tmp_path, max_bytes=1 << 16, io_threads=4) as b:
+        for trial in range(20):
+            first, second = f"a{trial}", f"b{trial}"
+            assert b.batch_set([first, second], [b"y" * big, b"z" * big]) == [True, True]
+            assert b.get(second) == b"z" * big
+            again = f"d{trial}"
+            assert b.batch_set([again, again], [b"y" * big, b"y" * big]) == [True, True]
+            assert b.get(again) == b"y" * big
+            assert disk_bytes(tmp_path) <= 1 << 16
+
+
+def test_a_bounded_page_leaves_with_its_verify_record(tmp_path: Path) -> None:
+    """A page and the verify layer's record of it (an object of its own) are evicted together.
+
+    ``get`` uses the page and not its record; were they apart in the LRU, the next eviction
+    would take the record, b and b's record and keep a: a page answered as held whose every
+    zero-copy read misses (``no_record``).
+    """
+    pool = make_pool("mha", "page_first")
+    fill(pool, None)
+    page, record = pool.page_nbytes + RECORD_BYTES, 2 * RECORD_BYTES
+    bound = int((2 * page + record / 2) / 0.9)  # frees [record a, b, record b] and no more
+    options = {"root": str(tmp_path), "max_bytes": bound, "min_free_bytes": 0}
+    backend = create_backend("file", options)
+    backend.register_host_pool(pool)
+    for i, key in enumerate("abc"):
+        assert backend.batch_set_v1([key], indices(pool, [i])) == [True]
+        if key == "b":
+            assert backend.get("a") is not None
+    names = files_under(tmp_path)
+    for key in "abc":
+        held = backend.batch_exists([key]) == 1
+        assert (key in names, record_key(key) in names) == (held, held)
+        assert backend.batch_get_v1([key], indices(pool, [7])) == [held]
+    assert backend.stats()["verify"]["no_record"] == 0
+    backend.close()
+
+
 def test_lru_keeps_recently_used_keys(tmp_path: Path) -> None:
-    value = b"v" * 100
+    value = b"v" * (100 - RECORD_BYTES)  # files of 100 bytes
     with make(tmp_path, max_bytes=1000, low_watermark=0.9) as b:
         for i in range(10):
             assert b.set(f"k{i}", value)
@@ -528,7 +587,7 @@ def test_lru_keeps_recently_used_keys(tmp_path: Path) -> None:
         assert [b.exists(f"k{i}") for i in range(11)] == [True, False, False] + [True] * 8
         stats = b.stats()
         assert (stats["evictions"], stats["evicted_bytes"]) == (2, 200)
-        assert stats["bytes"] == 900 == sum(files_under(tmp_path).values())
+        assert stats["bytes"] == 900 == disk_bytes(tmp_path)
 
 
 def test_capacity_bound_holds_under_concurrent_writers(tmp_path: Path) -> None:
@@ -555,8 +614,8 @@ def test_capacity_bound_holds_under_concurrent_writers(tmp_path: Path) -> None:
         assert errors == []
         on_disk = files_under(tmp_path)
         stats = b.stats()
-        assert sum(on_disk.values()) <= max_bytes
-        assert stats["bytes"] == sum(on_disk.values())
+        assert disk_bytes(tmp_path) <= max_bytes
+        assert stats["bytes"] == disk_bytes(tmp_path)
         assert stats["objects"] == len(on_disk)
         assert stats["reserved_bytes"] == 0
         assert stats["evictions"] > 0
@@ -728,7 +787,7 @@ def test_v1_respects_capacity(tmp_path: Path) -> None:
         b.register_host_pool(pool)
         keys = [f"p{i}" for i in range(8)]
         assert b.batch_set_v1(keys, indices(pool, list(range(8)))) == [True] * 8
-        assert sum(files_under(tmp_path).values()) <= 3 * pool.page_nbytes
+        assert disk_bytes(tmp_path) <= 3 * pool.page_nbytes
         assert b.exists("p7")
 
 

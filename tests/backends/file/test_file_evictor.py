@@ -196,3 +196,19 @@ def test_a_floor_that_nothing_evictable_can_meet_refuses_the_write() -> None:
     assert not cap.reserve(400, "b")  # 500 free above the floor, 400 already promised
     cap.abort(400, "a")
     assert cap.reserve(400, "b")
+
+
+def test_an_object_and_its_companion_are_used_and_evicted_together() -> None:
+    """A page and its record (the companion) never part: one use marks both, one eviction takes
+    both, though the 20 bytes it needs are the page's alone."""
+    removed: list[str] = []
+    cap = LRUCapacity(100, 0.9, removed.append, companion=lambda k: None if "~" in k else k + "~")
+    for key in ("a", "a~", "b", "b~"):
+        assert store(cap, key, 20)
+    cap.touch("a")
+    assert cap.keys() == ["b", "b~", "a", "a~"]
+    cap.touch("b~")
+    assert cap.keys() == ["a", "a~", "b~", "b"]
+    assert store(cap, "c", 30)  # 110 > 100: down to 90, 20 bytes: a, and a's record with it
+    assert removed == ["a", "a~"]
+    assert cap.keys() == ["b~", "b", "c"]

@@ -125,7 +125,7 @@ def test_killed_writer_leaves_no_partial_object(tmp_path: Path, path: str) -> No
             complete += 1
         assert complete >= 1
         assert backend.stats()["objects"] == complete
-        assert backend.stats()["bytes"] == complete * size
+        assert backend.stats()["bytes"] == complete * (size + RECORD_BYTES)
     assert temps(tmp_path) == left  # young temps survive a scan ...
     with FileBackend(FileConfig(root=str(tmp_path), stale_temp_s=0.0), Deployment()):
         pass
