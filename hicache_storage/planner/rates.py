@@ -215,13 +215,16 @@ class CostModel:
         """Seconds a page takes at the store's whole rate (a call's share of the calls beside it).
 
         The median of the last :data:`READ_SAMPLES` calls (a call that delivered nothing counts
-        as infinite: :meth:`observe_failure`); None before the first read returned and once
-        none has for :data:`READ_TTL_S`.
+        as infinite: :meth:`observe_failure`); of an even count whose upper middle is a failure,
+        the lower middle, so the rate is a failure's only when most calls failed (the mean of
+        the middle two would make one failure beside one good read infinite). None before the
+        first read returned and once none has for :data:`READ_TTL_S`.
         """
         with self._lock:
             if not self._reads or self._clock() - self._read_at > READ_TTL_S:
                 return None
-            return statistics.median(self._reads)
+            rate = statistics.median(self._reads)
+            return rate if math.isfinite(rate) else statistics.median_low(self._reads)
 
     @property
     def write_s_per_page(self) -> float | None:
@@ -237,7 +240,7 @@ class CostModel:
 
     @property
     def failing(self) -> bool:
-        """Whether the measured rate is a failure's: most recent calls delivered nothing."""
+        """Whether the measured rate is a failure's: most (over half) recent calls failed."""
         rate = self.read_s_per_page
         return rate is not None and math.isinf(rate)
 

@@ -33,8 +33,11 @@ compute. Its rules, in the order they are asked:
     is answered). The gate admits the share of
     offered pages the store can write in the time the caller takes to make them,
     ``produce / write`` (at most all), through a credit that each offered page adds its share
-    to and each admitted page spends; the credit never exceeds one offer's pages, so an idle
-    spell banks no burst.
+    to and each admitted page spends: an offer is admitted once the credit covers all its
+    pages, so no more is admitted than the store absorbs, whatever the offers' sizes (a large
+    offer is admitted on the credit the small ones beside it left). The credit stays below the
+    largest offer's pages (an offer it covers is admitted and spends it), so the burst it
+    banks is at most one offer, and it is dropped whenever the store keeps up.
 
 Nothing here is a tuned constant: the rates are measured, and the two counts are the rates'
 own (:mod:`~hicache_storage.planner.rates`).
@@ -185,8 +188,7 @@ class WriteGate:
         if produce_s is None or produce_s >= write_s:
             self._credit = 0.0
             return WriteTicket(True, pages, "absorb", _rates(produce_s, write_s), now)
-        share = produce_s / write_s
-        self._credit = min(self._credit + share * pages, float(pages))
+        self._credit += produce_s / write_s * pages
         if self._credit >= pages * (1 - 1e-9):  # a sum of shares that should reach it exactly
             self._credit = max(self._credit - pages, 0.0)
             return WriteTicket(True, pages, "absorb", _rates(produce_s, write_s), now)

@@ -68,6 +68,24 @@ def test_a_failing_store_is_not_read() -> None:
     assert plan.fetchable(10).rule == "failing"
 
 
+@pytest.mark.parametrize(
+    ("failed", "good", "failing"), [(1, 1, False), (2, 2, False), (2, 1, True), (3, 2, True)]
+)
+def test_a_store_is_failing_only_once_most_recent_reads_failed(
+    failed: int, good: int, failing: bool
+) -> None:
+    """Half the reads failed (the start-up probe beside one read of an evicted page) is not
+    most: the good reads still price the store."""
+    clock = Clock()
+    plan = measured(clock, read_s=None, token_s=0.001)
+    for _ in range(good):
+        plan.read(1, 0.001)
+    for _ in range(failed):
+        plan.read(0, 0.001)
+    assert plan.costs.failing is failing
+    assert plan.fetchable(10).rule == ("failing" if failing else "pays")
+
+
 def test_writes_to_a_store_whose_reads_do_not_pay_are_shed() -> None:
     clock = Clock()
     plan = measured(clock, read_s=1.0, token_s=0.001)

@@ -57,6 +57,25 @@ def test_a_slow_store_takes_the_share_it_can_write(ratio: int) -> None:
     assert isinstance(shed, dict) and shed["absorb"] == 8000 - admitted
 
 
+@pytest.mark.parametrize("sizes", [[128, 1], [128, 2, 2], [1, 1, 1, 64]])
+def test_offers_of_mixed_sizes_take_the_share_the_store_can_write(sizes: list[int]) -> None:
+    """Pages made every 5 ms for a store that writes one in 10 ms, offered in calls of varying
+    size (a long prompt's pages, then a few of decode): about half the pages are admitted, the
+    large offers among them, as with offers of one size."""
+    clock = Clock()
+    gate = gate_on(clock)
+    offered = {size: 0 for size in sizes}
+    admitted = dict(offered)
+    for i in range(600):
+        pages = sizes[i % len(sizes)]
+        offered[pages] += pages
+        admitted[pages] += serve(gate, clock, offers=1, pages=pages, make_s=0.005, write_s=0.010)
+    total = sum(offered.values())
+    assert sum(admitted.values()) / total == pytest.approx(0.5, rel=0.1)
+    assert sum(admitted.values()) <= total / 2 + max(sizes), "never ahead of the store"
+    assert admitted[max(sizes)] >= offered[max(sizes)] / 4, "large offers are admitted too"
+
+
 def test_a_backlog_offered_back_to_back_is_shed_not_queued() -> None:
     """A caller with writes queued offers them with no time between: a store that writes slowly
     is given almost none of them, so the queue drains at the speed of an answer."""

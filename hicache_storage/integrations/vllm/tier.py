@@ -516,20 +516,28 @@ class HiCacheTier(SecondaryTierManager):  # type: ignore[misc]  # vLLM ships no 
         """Write the admitted chunks of ``stores`` in one call; report each job and the plan.
 
         Every result is queued after the call and the planner's report, so a bug before them
-        leaves each job to :meth:`_run`'s failure report, never reported twice.
+        leaves each job to :meth:`_run`'s failure report, never reported twice. The planner
+        hears how the call ended whatever it raised: an unreported write would hold its ticket
+        open, and the planner would shed every later write as if that one still ran. A call
+        that raises something other than a storage failure counts its chunks failed and leaves
+        the jobs to :meth:`_run`.
         """
         picks = [store.written() for store in stores]
         keys = [store.keys[i] for store, pick in zip(stores, picks, strict=True) for i in pick]
         rows = [store.chunks[i] for store, pick in zip(stores, picks, strict=True) for i in pick]
+        stored = [False] * len(keys)
         start = time.perf_counter()
         try:
             stored = self.backend.batch_set_v1(self._keys(keys), self._indices(rows))
         except HiCacheError:
             logger.exception("HiCacheTier store jobs %s failed", [s.job_id for s in stores])
-            stored = [False] * len(keys)
+        except BaseException:
+            self._count(store_failed=len(keys))
+            raise
+        finally:
+            if plan is not None and self._plan is not None:
+                self._plan.done(plan, sum(stored))
         elapsed = time.perf_counter() - start
-        if plan is not None and self._plan is not None:
-            self._plan.done(plan, sum(stored))
         results = []
         outcomes = iter(stored)
         for store, pick in zip(stores, picks, strict=True):
