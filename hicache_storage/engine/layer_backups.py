@@ -89,10 +89,14 @@ class LayerBackups:
 
     @property
     def enabled(self) -> bool:
-        """Whether forwards ride backups: ``write_through``, a host pool, the option on."""
+        """Whether forwards ride backups: ``write_through``, a host pool, the option on.
+
+        The option's default (None) rides only where no storage tier shares the host room.
+        """
         config = self.tiers.config
+        riding = config.transfer.layer_backups
         return (
-            config.transfer.layer_backups
+            (riding if riding is not None else self.tiers.io is None)
             and config.prefix_cache
             and config.write.policy is WritePolicy.WRITE_THROUGH
             and self.tiers.host_pool is not None

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from hicache_storage import create_backend
 from hicache_storage.engine.cache import TierCache
 from hicache_storage.engine.cache_config import CacheConfig, TransferConfig, WriteConfig
 from hicache_storage.engine.engine import Engine
@@ -172,7 +173,23 @@ def test_a_prompt_another_request_inserted_first_keeps_that_requests_copy(
     assert_clean(cache)
 
 
-def test_the_option_is_a_checked_bool() -> None:
+def test_the_option_is_a_checked_bool_or_none() -> None:
     with pytest.raises(Exception, match="layer_backups"):
         TransferConfig(layer_backups="yes")  # type: ignore[arg-type]
-    assert CacheConfig(8).transfer.layer_backups
+    assert CacheConfig(8).transfer.layer_backups is None
+
+
+@pytest.mark.parametrize("riding", [None, True])
+def test_with_a_storage_tier_only_an_explicit_true_rides(
+    model: LlamaModel, riding: bool | None
+) -> None:
+    prompts = distinct_prompts(3, 40, seed=16)
+    store = create_backend("memory")
+    cache = build_cache(96, 512, store, transfer=TransferConfig(layer_backups=riding))
+    assert serve_twice(model, cache, prompts) == oracle(model, prompts) * 2
+    if riding:
+        assert cache.stats.pages_backed_up_by_layer > 0
+    else:
+        assert cache.stats.pages_backed_up_by_layer == 0
+    assert host_held(cache) == 0
+    store.close()
