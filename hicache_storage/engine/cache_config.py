@@ -209,24 +209,24 @@ class TransferConfig:
     layer_backups
         Under ``write_through``, copy the pages a forward computes to the host layer by layer
         during that forward, each layer once written, rather than all at the request's
-        release (:mod:`~hicache_storage.engine.layer_backups`). None (the default) rides
-        only without a storage tier: there the host is full of pages waiting for their writes,
-        few copies find room a forward ahead, and the rest, copied at release, queue on the
-        backup stream behind copies that wait for the forward (``docs/performance.md``).
+        release (:mod:`~hicache_storage.engine.layer_backups`). Off by default: without a
+        storage tier no forward then waits for a backup, but with one the host is full of
+        pages waiting for their writes, few copies find room a forward ahead, and the rest,
+        copied at release, queue on the backup stream behind copies that wait for the forward
+        (``docs/performance.md``, *Backups that ride the forward*).
     """
 
     load_max_gbps: float | None = None
     backup_max_gbps: float | None = None
     sms: int | None = 16
     overlap_backups: bool = True
-    layer_backups: bool | None = None
+    layer_backups: bool = False
 
     def __post_init__(self) -> None:
         if self.sms is not None:
             _positive_int("transfer.sms", self.sms)
         _check_bool("transfer.overlap_backups", self.overlap_backups)
-        if self.layer_backups is not None:
-            _check_bool("transfer.layer_backups", self.layer_backups)
+        _check_bool("transfer.layer_backups", self.layer_backups)
         for name in ("load_max_gbps", "backup_max_gbps"):
             rate = getattr(self, name)
             if rate is not None and (

@@ -89,14 +89,10 @@ class LayerBackups:
 
     @property
     def enabled(self) -> bool:
-        """Whether forwards ride backups: ``write_through``, a host pool, the option on.
-
-        The option's default (None) rides only where no storage tier shares the host room.
-        """
+        """Whether forwards ride backups: ``write_through``, a host pool, the option on."""
         config = self.tiers.config
-        riding = config.transfer.layer_backups
         return (
-            (riding if riding is not None else self.tiers.io is None)
+            config.transfer.layer_backups
             and config.prefix_cache
             and config.write.policy is WritePolicy.WRITE_THROUGH
             and self.tiers.host_pool is not None

@@ -24,6 +24,9 @@ from hicache_storage.engine.scheduler import Request, Scheduler
 from ._child import CONFIG, build_cache
 from .test_scheduler import NEW, assert_clean, distinct_prompts, drive, oracle
 
+RIDE = TransferConfig(layer_backups=True)
+"""Backups that ride the forward (off by default)."""
+
 
 @pytest.fixture(scope="module")
 def model() -> Iterator[LlamaModel]:
@@ -70,7 +73,7 @@ def test_host_hits_compute_on_the_ridden_copies(model: LlamaModel, riding: bool)
 def test_only_write_through_rides_the_forward(model: LlamaModel) -> None:
     prompts = distinct_prompts(3, 40, seed=12)
     for policy in (WritePolicy.WRITE_BACK, WritePolicy.WRITE_THROUGH_SELECTIVE):
-        cache = build_cache(96, 512, None, write=WriteConfig(policy))
+        cache = build_cache(96, 512, None, write=WriteConfig(policy), transfer=RIDE)
         assert serve_twice(model, cache, prompts) == oracle(model, prompts) * 2
         assert cache.stats.pages_backed_up_by_layer == 0
         assert host_held(cache) == 0
@@ -78,7 +81,7 @@ def test_only_write_through_rides_the_forward(model: LlamaModel) -> None:
 
 def test_each_layer_is_copied_once_after_the_forward_wrote_it(model: LlamaModel) -> None:
     """The copies of layer i are queued after layer i's KV writes and before layer i + 1's."""
-    cache = build_cache(96, 512, None)
+    cache = build_cache(96, 512, None, transfer=RIDE)
     events: list[str] = []
     transfer = cache.transfer
     assert transfer is not None
@@ -123,7 +126,7 @@ def test_a_failed_forward_attaches_none_of_its_copies(model: LlamaModel) -> None
     """A batched forward that fails after writing some layers: its copies are given back, the
     requests recompute one by one, and what the host later serves is the recomputed KV."""
     prompts = distinct_prompts(2, 40, seed=14)
-    cache = build_cache(96, 512, None)
+    cache = build_cache(96, 512, None, transfer=RIDE)
     scheduler = Scheduler(model, cache)
     forward = model.forward
     failed: list[int] = []
@@ -163,7 +166,7 @@ def test_a_prompt_another_request_inserted_first_keeps_that_requests_copy(
     """Two requests with one prompt in one forward: the tree keeps the first one's slots and
     copy; the second's copy goes back to the pool."""
     (prompt,) = distinct_prompts(1, 40, seed=15)
-    cache = build_cache(160, 512, None)
+    cache = build_cache(160, 512, None, transfer=RIDE)
     scheduler = Scheduler(model, cache)
     requests = [scheduler.submit(Request(list(prompt), NEW)) for _ in range(2)]
     drive(scheduler)
@@ -173,15 +176,15 @@ def test_a_prompt_another_request_inserted_first_keeps_that_requests_copy(
     assert_clean(cache)
 
 
-def test_the_option_is_a_checked_bool_or_none() -> None:
+def test_the_option_is_a_checked_bool_off_by_default() -> None:
     with pytest.raises(Exception, match="layer_backups"):
         TransferConfig(layer_backups="yes")  # type: ignore[arg-type]
-    assert CacheConfig(8).transfer.layer_backups is None
+    assert CacheConfig(8).transfer.layer_backups is False
 
 
-@pytest.mark.parametrize("riding", [None, True])
-def test_with_a_storage_tier_only_an_explicit_true_rides(
-    model: LlamaModel, riding: bool | None
+@pytest.mark.parametrize("riding", [False, True])
+def test_with_a_storage_tier_the_ridden_copies_are_taken_too(
+    model: LlamaModel, riding: bool
 ) -> None:
     prompts = distinct_prompts(3, 40, seed=16)
     store = create_backend("memory")
@@ -189,6 +192,7 @@ def test_with_a_storage_tier_only_an_explicit_true_rides(
     assert serve_twice(model, cache, prompts) == oracle(model, prompts) * 2
     if riding:
         assert cache.stats.pages_backed_up_by_layer > 0
+        assert cache.stats.pages_stored > 0, "the ridden host copies are what is written"
     else:
         assert cache.stats.pages_backed_up_by_layer == 0
     assert host_held(cache) == 0
