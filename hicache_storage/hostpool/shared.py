@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import queue
 import threading
 import weakref
 from dataclasses import dataclass
@@ -45,6 +46,11 @@ _lock = threading.Lock()
 _mappings: dict[int, tuple[int, str, weakref.ref[mmap.mmap]]] = {}
 """Base address of each live mapping -> (size, path, the mapping)."""
 
+_dead: queue.SimpleQueue[tuple[int, weakref.ref[mmap.mmap]]] = queue.SimpleQueue()
+"""Mappings released since the lock was last taken, forgotten by the next holder: a release is
+a finalizer, which a garbage collection may run on a thread that holds the lock (inside
+:func:`shared_zeros`), so it must not wait for the lock."""
+
 
 def shared_zeros(nbytes: int, *, pin: bool) -> torch.Tensor:
     """Return a zeroed ``uint8`` tensor of ``nbytes`` in shared memory, pinned if ``pin``.
@@ -71,9 +77,11 @@ def shared_zeros(nbytes: int, *, pin: bool) -> torch.Tensor:
     if pin:
         _pin(base, nbytes)
     path = f"/proc/{os.getpid()}/fd/{fd}"
+    alive = weakref.ref(mapping)
     with _lock:
-        _mappings[base] = (nbytes, path, weakref.ref(mapping))
-    weakref.finalize(mapping, _release, base, fd, pin)
+        _forget_dead()  # a released mapping at this address is gone before this one is named
+        _mappings[base] = (nbytes, path, alive)
+    weakref.finalize(mapping, _release, base, fd, pin, alive)
     return tensor
 
 
@@ -82,6 +90,7 @@ def region_of(tensor: torch.Tensor) -> SharedRegion | None:
     start = tensor.data_ptr()
     end = start + tensor.numel() * tensor.element_size()
     with _lock:
+        _forget_dead()
         for base, (nbytes, path, alive) in _mappings.items():
             if base <= start and end <= base + nbytes and alive() is not None:
                 return SharedRegion(path, nbytes, start - base)
@@ -114,9 +123,20 @@ def _pin(base: int, nbytes: int) -> None:
         raise HostPoolError(f"cudaHostRegister of {nbytes} bytes failed (error {int(code)})")
 
 
-def _release(base: int, fd: int, pinned: bool) -> None:
-    with _lock:
-        _mappings.pop(base, None)
+def _forget_dead() -> None:
+    """Drop the released mappings from :data:`_mappings` (the caller holds :data:`_lock`)."""
+    while True:
+        try:
+            base, alive = _dead.get_nowait()
+        except queue.Empty:
+            return
+        entry = _mappings.get(base)
+        if entry is not None and entry[2] is alive:
+            del _mappings[base]
+
+
+def _release(base: int, fd: int, pinned: bool, alive: weakref.ref[mmap.mmap]) -> None:
+    _dead.put((base, alive))
     if pinned:
         torch.cuda.cudart().cudaHostUnregister(base)  # type: ignore[no-untyped-call]
     os.close(fd)
