@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from .backend import StorageBackend
 from .config import read_source
-from .errors import HiCacheError, MissingDependencyError
+from .errors import ConfigError, HiCacheError, MissingDependencyError
 from .factory import create_backend
 from .registry import BackendSpec, get_spec
 from .urls import is_url, parse_backend_url
@@ -175,6 +175,15 @@ def _with_store(spec: BackendSpec, options: Any, plan: ServingPlan) -> list[Find
         first = create_backend(spec.name, options)
     except MissingDependencyError as exc:
         return [Finding("reachable", "fail", str(exc))]
+    except ConfigError as exc:
+        return [
+            Finding(
+                "reachable",
+                "fail",
+                f"{type(exc).__name__}: {exc}",
+                "pass the backend's options with --config (a JSON object or @file)",
+            )
+        ]
     except HiCacheError as exc:
         return [
             Finding(
@@ -351,7 +360,7 @@ def _disk(options: Mapping[str, Any], plan: ServingPlan) -> Finding:
     check = "disk space"
     paths = [Path(str(options[name])) for name in _LOCAL_PATH_OPTIONS if options.get(name)]
     if not paths:
-        return Finding(check, "skip", "the backend keeps no bytes on this machine's disk")
+        return Finding(check, "skip", "no local path among the options: no disk to check")
     where = paths[0]
     existing = next((p for p in (where, *where.parents) if p.exists()), None)
     if existing is None:

@@ -161,6 +161,14 @@ def test_an_unreachable_server_fails_within_its_deadline_and_exits_1() -> None:
     assert "round trip" not in found
 
 
+def test_missing_options_are_named_as_options_not_as_an_unreachable_server() -> None:
+    result = CliRunner().invoke(main, ["doctor", "file", "--json"])
+    assert result.exit_code == 1, result.output
+    found = {row["check"]: row for row in json.loads(result.output)["findings"]}
+    assert "ConfigError" in found["reachable"]["detail"] and "root" in found["reachable"]["detail"]
+    assert "--config" in found["reachable"]["fix"] and "server" not in found["reachable"]["fix"]
+
+
 def test_the_command_prints_a_row_per_check_and_exits_0(tmp_path: Path) -> None:
     config = json.dumps({"root": str(tmp_path / "kv")})
     result = CliRunner().invoke(
