@@ -109,9 +109,9 @@ class Engine:
                 )
                 request.state = RequestState.FINISHED
             return batch
-        for request in batch:
-            self.scheduler.submit(request)
-        try:
+        try:  # a submit polls the cache, so a storage bug may surface there too
+            for request in batch:
+                self.scheduler.submit(request)
             self.scheduler.run()
         except BaseException as exc:
             for request in batch:

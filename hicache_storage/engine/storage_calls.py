@@ -59,7 +59,7 @@ class StorageCalls:
         """Set once a close gave up waiting: no thread acts on a result from then on."""
         self._in_calls = 0
         self._in_calls_lock = threading.Lock()
-        self._bugs: collections.deque[tuple[str, Exception]] = collections.deque()
+        self._bugs: collections.deque[tuple[str, BaseException]] = collections.deque()
 
     def check_pool(self) -> None:
         """Raise :class:`HostPoolError` if the backend's registered pool is not the caller's.
@@ -103,8 +103,13 @@ class StorageCalls:
                 running = self._in_calls
             yield running
 
-    def failed(self, what: str, exc: Exception) -> None:
-        """Log a storage call that failed; keep it for :meth:`check` unless the store failed."""
+    def failed(self, what: str, exc: BaseException) -> None:
+        """Log a storage call that failed; keep it for :meth:`check` unless the store failed.
+
+        Whatever a call raises is caught where it is made, ``BaseException`` too (a client's
+        ``CancelledError``, say): a storage thread that died of it would leave its fetch or
+        backup unreported, and their host slots held for good.
+        """
         if isinstance(exc, BackendError):
             logger.warning("%s failed: %s", what, exc)
             return

@@ -27,6 +27,7 @@ returns, acts on nothing and exits.
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import queue
 import sys
@@ -54,9 +55,35 @@ __all__ = [
     "PrefetchState",
     "StorageIO",
     "check_linger",
+    "leading_count",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def leading_count(answer: object, asked: int) -> int:
+    """Return a ``batch_exists`` answer as an ``int`` in ``[0, asked]``.
+
+    Any integer is taken (numpy's too, as ``np.count_nonzero`` gives); a bool, a float, None or
+    a count outside the keys asked is a bug of the backend, raised here so that the query
+    counts it as one and finds nothing, instead of the number reaching the host allocator.
+
+    Raises
+    ------
+    TypeError
+        If ``answer`` is not an integer.
+    ValueError
+        If it is negative or more than ``asked``.
+    """
+    try:
+        if isinstance(answer, bool):
+            raise TypeError
+        count = operator.index(answer)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"batch_exists answered {answer!r}, not a count of keys") from None
+    if not 0 <= count <= asked:
+        raise ValueError(f"batch_exists answered {count} for {asked} keys")
+    return count
 
 
 class StorageIO:
@@ -358,11 +385,12 @@ class StorageIO:
             item.cancel()
             return
         began = time.monotonic()
-        error: Exception | None = None
+        error: BaseException | None = None
         try:
             with self._calls.calling():
-                hits = self.backend.batch_exists(item.keys) // item.keys_per_page
-        except Exception as exc:  # noqa: BLE001 - a failed query finds nothing (a bug: check())
+                found = self.backend.batch_exists(item.keys)
+            hits = leading_count(found, len(item.keys)) // item.keys_per_page
+        except BaseException as exc:  # noqa: BLE001 - a failed query finds nothing (a bug: check())
             error, hits = exc, 0
         seconds = time.monotonic() - began
         with self._calls.live() as live:
@@ -421,7 +449,7 @@ class StorageIO:
         host = fetch.host_indices
         assert host is not None
         try:
-            error: Exception | None = None
+            error: BaseException | None = None
             got: list[bool] = []
             try:
                 if fetch.ready is not None:  # before the clock: a copy's wait is not the store's
@@ -433,7 +461,7 @@ class StorageIO:
                         fetch.keys[first * kpp : end * kpp],
                         self._calls.indices(host[first * page : end * page]),
                     )
-            except Exception as exc:  # noqa: BLE001 - a miss of the rest (a bug: check())
+            except BaseException as exc:  # noqa: BLE001 - a miss of the rest (a bug: check())
                 error = exc
             with self._calls.live() as live:
                 if not live:  # close gave up on this call: its fetch is no longer the caller's

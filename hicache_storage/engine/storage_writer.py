@@ -189,7 +189,7 @@ class BackupWriter:
                         if job.ready is not None:
                             job.ready()
                     outcomes, shed_by = self._write(jobs)
-            except Exception as exc:  # noqa: BLE001 - not stored; the writer goes on (a bug: check())
+            except BaseException as exc:  # noqa: BLE001 - not stored; the writer goes on (a bug)
                 self._calls.failed(f"backup of {sum(len(job.keys) for job in jobs)} keys", exc)
                 outcomes = [False] * len(jobs)
             if self._queue.empty():
@@ -280,7 +280,7 @@ class BackupWriter:
             try:
                 with calls.calling():
                     done = calls.backend.batch_set_v1(keys, calls.indices(torch.cat(slots)))
-            except Exception as exc:  # noqa: BLE001 - not stored; the writer goes on (a bug: check())
+            except BaseException as exc:  # noqa: BLE001 - not stored; the writer goes on (a bug)
                 calls.failed(f"backup of {len(keys)} keys", exc)
                 done = []
             if self.costs is not None and self.planner is None and not any(done):

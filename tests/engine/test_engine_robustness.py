@@ -6,6 +6,7 @@ serves the next request with the tokens of recompute.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -23,6 +24,7 @@ from hicache_storage.engine.errors import (
     InvalidRequestError,
     RequestFailedError,
     RequestTypeError,
+    StorageBugError,
 )
 from hicache_storage.engine.model import LlamaModel, Segment
 from hicache_storage.engine.policies import PrefetchPolicy
@@ -405,3 +407,150 @@ def test_a_storage_bug_surfaces_through_poll_and_a_store_failure_does_not(
         cache.poll()  # raised once
         assert engine.generate(prompts[1], NEW) == model.generate_no_cache(prompts[1], NEW)
         assert_consistent(cache)
+
+
+# ---- a backend's odd answers and exceptions -----------------------------------------------------
+
+
+class OddExists(ForwardingBackend):
+    """``batch_exists`` answered through ``shape`` (a numpy int, a float, a count past the keys)."""
+
+    def __init__(self, inner: StorageBackend, shape: Any) -> None:
+        super().__init__(inner)
+        self.shape = shape
+
+    def batch_exists(self, keys: Sequence[str]) -> Any:
+        return self.shape(self.inner.batch_exists(keys), len(keys))
+
+
+def stored(store: StorageBackend, prompts: list[list[int]], model: LlamaModel) -> None:
+    """Serve ``prompts`` once over ``store`` so that their pages are in it."""
+    with Engine(model, build_cache(256, 256, store)) as engine:
+        for prompt in prompts:
+            engine.generate(prompt, NEW)
+
+
+def test_a_numpy_count_from_batch_exists_is_a_count(model: LlamaModel) -> None:
+    prompts = conversations(rounds=1, clients=3, seed=41)
+    store = OddExists(create_backend("memory"), lambda found, _: np.int64(found))
+    stored(store, prompts, model)
+    cache = build_cache(256, 256, store, prefetch=PrefetchConfig(PrefetchPolicy.WAIT_COMPLETE))
+    with Engine(model, cache) as engine:
+        requests = engine.serve([Request(p, NEW) for p in prompts])
+        assert [r.output for r in requests] == [model.generate_no_cache(p, NEW) for p in prompts]
+    assert cache.stats.storage_hit_tokens > 0, "the numpy count was read as one"
+    assert_consistent(cache)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [lambda found, _: float(found), lambda _, asked: asked + 1, lambda *_: -1, lambda *_: True],
+    ids=["float", "past-the-keys", "negative", "bool"],
+)
+def test_an_answer_that_is_no_count_is_a_bug_and_the_engine_serves_on(
+    model: LlamaModel, shape: Any
+) -> None:
+    """Each request whose query meets the answer fails with it (a bug is seen, not served
+    around); none computes on it, nothing leaks, and once the store answers counts the engine
+    serves with storage hits again."""
+    prompts = conversations(rounds=1, clients=3, seed=42)
+    store = OddExists(create_backend("memory"), shape)
+    stored(store.inner, prompts, model)
+    cache = build_cache(256, 256, store, prefetch=PrefetchConfig(PrefetchPolicy.WAIT_COMPLETE))
+    with Engine(model, cache) as engine:
+        for prompt in prompts[:2]:
+            with pytest.raises(StorageBugError) as caught:
+                engine.generate(prompt, NEW)
+            assert "batch_exists answered" in str(caught.value.__cause__)
+        assert_consistent(cache)
+        store.shape = lambda found, _: found
+        for prompt in prompts:
+            assert engine.generate(prompt, NEW) == model.generate_no_cache(prompt, NEW)
+    assert cache.stats.storage_hit_tokens > 0
+    assert_consistent(cache)
+
+
+class CancelledCalls(ForwardingBackend):
+    """Reads or writes that raise a ``BaseException`` that is no ``Exception``."""
+
+    def __init__(self, inner: StorageBackend, call: str) -> None:
+        super().__init__(inner)
+        self.call = call
+
+    def batch_get_v1(self, keys: Sequence[str], host_indices: Any) -> list[bool]:
+        if self.call == "read":
+            raise asyncio.CancelledError("a client's cancellation")
+        return self.inner.batch_get_v1(keys, host_indices)
+
+    def batch_set_v1(self, keys: Sequence[str], host_indices: Any) -> list[bool]:
+        if self.call == "write":
+            raise asyncio.CancelledError("a client's cancellation")
+        return self.inner.batch_set_v1(keys, host_indices)
+
+
+@pytest.mark.parametrize("call", ["read", "write"])
+def test_a_base_exception_from_a_call_is_a_bug_and_leaks_nothing(
+    model: LlamaModel, call: str
+) -> None:
+    """A ``CancelledError`` from a read or a write is a bug, seen once per request it surfaces
+    in; the storage threads live on, no host slot or pin is lost, and once the store answers
+    again the engine serves from it."""
+    prompts = conversations(rounds=2, clients=2, seed=43)
+    inner = create_backend("memory")
+    if call == "read":
+        stored(inner, prompts, model)
+    store = CancelledCalls(inner, call)
+    cache = build_cache(64, 48, store)
+    bugs = 0
+    with Engine(model, cache) as engine:
+        for prompt in prompts:
+            try:
+                assert engine.generate(prompt, NEW) == model.generate_no_cache(prompt, NEW)
+            except StorageBugError as exc:
+                bugs += 1
+                assert isinstance(exc.__cause__, asyncio.CancelledError)
+        assert cache.io is not None and cache.io.alive, "the storage threads live on"
+        store.call = "none"
+        deadline = time.monotonic() + 10
+        while True:  # the backups still queued drain; each bug left surfaces once
+            assert time.monotonic() < deadline, "backups done"
+            try:
+                cache.poll()
+            except StorageBugError as exc:
+                bugs += 1
+                assert isinstance(exc.__cause__, asyncio.CancelledError)
+                continue
+            if not cache.writes.writing:
+                break
+            time.sleep(0.002)
+        assert_consistent(cache)
+        for prompt in prompts:
+            assert engine.generate(prompt, NEW) == model.generate_no_cache(prompt, NEW)
+    assert bugs >= 1
+    assert_consistent(cache)
+
+
+def test_a_bug_surfacing_while_a_batch_is_submitted_fails_the_whole_batch(
+    model: LlamaModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompts = conversations(rounds=1, clients=3, seed=44)
+    cache = build_cache(256, 256, create_backend("memory"))
+    real = cache.lookup
+    calls = {"n": 0}
+
+    def lookup(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise StorageBugError("injected: a bug surfacing at submit")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cache, "lookup", lookup)
+    with Engine(model, cache) as engine:
+        requests = [Request(p, NEW) for p in prompts]
+        with pytest.raises(StorageBugError, match="injected"):
+            engine.serve(requests)
+        assert all(r.state is RequestState.FAILED and r.error is not None for r in requests)
+        assert engine.scheduler is not None and engine.scheduler.idle
+        monkeypatch.setattr(cache, "lookup", real)
+        assert engine.generate(prompts[0], NEW) == model.generate_no_cache(prompts[0], NEW)
+    assert_consistent(cache)
