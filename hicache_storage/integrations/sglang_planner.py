@@ -28,15 +28,8 @@ What it learns from, since SGLang tells a storage backend nothing but its calls:
   of one rank's prefill), it is taken as is. Otherwise it is derived from what SGLang does next:
   the pages an existence query did not answer as fetchable are the ones SGLang computes, and its
   write-through writes them once computed. The time from the query to the write of those pages
-  is an upper bound on what computing them took (it also holds the request's wait for its turn,
-  the copy to the host and the other requests of its batch), so that time over their tokens
-  bounds a token's cost from above. The least of the last
-  :data:`~hicache_storage.planner.rates.READ_SAMPLES` such bounds (the tightest, which a request
-  that waited long for its turn does not raise) is fed as a forward of one size, as vLLM's
-  :class:`~hicache_storage.integrations.vllm.prefill.PrefillClock` does: the planner's fit of a
-  single size prices a token at the mean of what it was fed, where a line fitted through the
-  requests of one SGLang batch (one forward, whatever each request's size) would find a slope
-  near zero and price recompute below every bound. An upper bound errs toward
+  is an upper bound on what computing them took (it also holds the request's wait for its turn
+  and the copy to the host), fed as a forward of their tokens. An upper bound errs toward
   fetching, which is what SGLang does without the planner: under ``write_back`` (pages written
   at eviction) it is loose, and storage is fetched from as before. Until the first write of
   computed pages nothing prices recompute, and every fetch pays (the planner's rule for rates not
@@ -52,7 +45,7 @@ import logging
 import math
 import threading
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -62,15 +55,14 @@ import msgspec
 
 from hicache_storage.errors import ConfigError
 from hicache_storage.planner import Planner, WritePlan
-from hicache_storage.planner.rates import READ_SAMPLES
 
 __all__ = ["PlannerSettings", "ReadCall", "SGLangPlanner", "WriteCall", "planner_settings"]
 
 logger = logging.getLogger(__name__)
 
-_FORWARD_TOKENS = 1 << 20
-"""Tokens of every forward fed to the planner, given or derived: its fit of a single size is the
-mean seconds per token fed, whatever the size (above the planner's prefill floor)."""
+_GIVEN_TOKENS = 1 << 20
+"""Tokens of the one forward that states a given prefill rate: the planner's fit of a single
+forward is its seconds per token whatever its size (above the planner's prefill floor)."""
 
 
 class PlannerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -175,14 +167,13 @@ class SGLangPlanner:
         self._lock = threading.Lock()
         self._reads: dict[int, ReadCall] = {}
         self._asked: OrderedDict[str, float] = OrderedDict()
-        self._per_token: deque[float] = deque(maxlen=READ_SAMPLES)
         self._reasons: dict[str, str] = {}
         self._last: dict[str, str] = {}
         self._shared: Counter[str] = Counter()
         self._local = threading.local()
         rate = settings.prefill_tokens_per_s
         if rate is not None:
-            self.planner.forward(_FORWARD_TOKENS, _FORWARD_TOKENS / rate)
+            self.planner.forward(_GIVEN_TOKENS, _GIVEN_TOKENS / rate)
 
     # -- reads ------------------------------------------------------------------------------------
 
@@ -241,14 +232,11 @@ class SGLangPlanner:
                 self._asked.popitem(last=False)
 
     def _computed(self, page_hashes: Sequence[str], now: float) -> None:
-        """Bound a token's cost by the pages asked for and now written; feed the tightest bound."""
+        """Feed the pages asked for and now written as a forward that computed them."""
         with self._lock:
             asked = [self._asked.pop(p) for p in page_hashes if p in self._asked]
-            if not asked:
-                return
-            self._per_token.append((now - min(asked)) / (len(asked) * self._page_tokens))
-            per_token = min(self._per_token)
-        self.planner.forward(_FORWARD_TOKENS, _FORWARD_TOKENS * per_token)
+        if asked:
+            self.planner.forward(len(asked) * self._page_tokens, now - min(asked))
 
     # -- writes -----------------------------------------------------------------------------------
 

@@ -259,29 +259,6 @@ def test_the_prefill_rate_is_derived_from_query_to_write_through() -> None:
         assert planner.stats()["fetch_pages"][rule] == 4
 
 
-def test_requests_of_one_batch_price_a_page_at_an_upper_bound_not_a_slope() -> None:
-    """SGLang prefills a request missing 1 page and one missing 32 in one forward, written
-    through 0.2 s after their queries (the second a millisecond later): a page is priced at
-    the tightest bound, 0.2 s over the 32 pages, not at the slope of a line through both (near
-    zero), so a store reading a page in 1 ms is fetched from and written to."""
-    clock = Clock()
-    planner = SGLangPlanner(PlannerSettings(), PAGE, history_pages=64, clock=clock)
-    small, large = ["s0"], [f"l{i}" for i in range(32)]
-    assert planner.fetchable(small, lambda: 0) == planner.fetchable(large, lambda: 0) == 0
-    for pages, written in ((small, 0.2), (large, 0.201)):
-        clock.now = written
-        with planner.writing(pages) as call:
-            call.stored = len(call.positions)
-    per_token = planner.planner.costs.compute_s_per_token
-    assert per_token is not None and per_token * PAGE >= 0.2 / 32
-    with planner.reading(1) as read:
-        clock.now += 0.001
-        read.delivered = 1
-    assert planner.fetchable(["c0", "c1"], lambda: 2) == 2
-    with planner.writing(["d0"]) as call:
-        assert call.positions == [0]
-
-
 def test_a_read_in_flight_for_long_prices_the_store_before_it_returns() -> None:
     clock = Clock()
     settings = PlannerSettings(prefill_tokens_per_s=1000.0)
