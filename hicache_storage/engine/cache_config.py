@@ -213,7 +213,7 @@ class TransferConfig:
         storage tier no forward then waits for a backup, but with one the host is full of
         pages waiting for their writes, few copies find room a forward ahead, and the rest,
         copied at release, queue on the backup stream behind copies that wait for the forward
-        (``docs/performance.md``, *Backups that ride the forward*).
+        (``docs/performance.md``, *Never slower: the matrix*).
     """
 
     load_max_gbps: float | None = None
