@@ -27,13 +27,18 @@ What it learns from, since SGLang tells a storage backend nothing but its calls:
 - the prefill rate, which prices recompute. Given as ``prefill_tokens_per_s`` (the marginal rate
   of one rank's prefill), it is taken as is. Otherwise it is derived from what SGLang does next:
   the pages an existence query did not answer as fetchable are the ones SGLang computes, and its
-  write-through writes them once computed. The time from the query to the write of those pages
-  is an upper bound on what computing them took (it also holds the request's wait for its turn
-  and the copy to the host), fed as a forward of their tokens. An upper bound errs toward
-  fetching, which is what SGLang does without the planner: under ``write_back`` (pages written
-  at eviction) it is loose, and storage is fetched from as before. Until the first write of
-  computed pages nothing prices recompute, and every fetch pays (the planner's rule for rates not
-  yet measured).
+  write-through writes them once computed. The time from the query to the write of those pages,
+  over their tokens, bounds what a token cost from above (the bound also holds the request's
+  wait for its turn, the copy to the host and the other requests of its batch, which wait for the
+  same forward: so it prices a token as the batch pays for it). Recompute is priced at the
+  median of the last :data:`~hicache_storage.planner.rates.READ_SAMPLES` such bounds, once
+  :data:`MIN_BOUNDS` were seen. Not a line through them: the requests of one batch end together
+  whatever their sizes, and a line through them has a slope near zero. Not the least of them: a
+  page another request was computing when this one asked is written soon after the ask, and one
+  such bound near zero would price every fetch out. An upper bound errs toward fetching, which is
+  what SGLang does without the planner: under ``write_back`` (pages written at eviction) it is
+  loose, and storage is fetched from as before. Until then nothing prices recompute, and every
+  fetch pays (the planner's rule for rates not yet measured).
 
 The counts (:meth:`SGLangPlanner.stats`) say how many pages each rule decided, and the last
 reason each rule gave.
@@ -43,9 +48,10 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -55,14 +61,26 @@ import msgspec
 
 from hicache_storage.errors import ConfigError
 from hicache_storage.planner import Planner, WritePlan
+from hicache_storage.planner.rates import READ_SAMPLES
 
-__all__ = ["PlannerSettings", "ReadCall", "SGLangPlanner", "WriteCall", "planner_settings"]
+__all__ = [
+    "MIN_BOUNDS",
+    "PlannerSettings",
+    "ReadCall",
+    "SGLangPlanner",
+    "WriteCall",
+    "planner_settings",
+]
 
 logger = logging.getLogger(__name__)
 
-_GIVEN_TOKENS = 1 << 20
-"""Tokens of the one forward that states a given prefill rate: the planner's fit of a single
-forward is its seconds per token whatever its size (above the planner's prefill floor)."""
+_FORWARD_TOKENS = 1 << 20
+"""Tokens of every forward fed to the planner, given or derived: its fit of a single size is the
+mean seconds per token fed, whatever the size (above the planner's prefill floor)."""
+
+MIN_BOUNDS = 3
+"""Per-token bounds seen before the derived prefill rate prices recompute: the fewest whose
+median one wild bound (near zero, or a request that waited long) cannot set."""
 
 
 class PlannerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -167,13 +185,14 @@ class SGLangPlanner:
         self._lock = threading.Lock()
         self._reads: dict[int, ReadCall] = {}
         self._asked: OrderedDict[str, float] = OrderedDict()
+        self._bounds: deque[float] = deque(maxlen=READ_SAMPLES)
         self._reasons: dict[str, str] = {}
         self._last: dict[str, str] = {}
         self._shared: Counter[str] = Counter()
         self._local = threading.local()
         rate = settings.prefill_tokens_per_s
         if rate is not None:
-            self.planner.forward(_GIVEN_TOKENS, _GIVEN_TOKENS / rate)
+            self.planner.forward(_FORWARD_TOKENS, _FORWARD_TOKENS / rate)
 
     # -- reads ------------------------------------------------------------------------------------
 
@@ -232,11 +251,16 @@ class SGLangPlanner:
                 self._asked.popitem(last=False)
 
     def _computed(self, page_hashes: Sequence[str], now: float) -> None:
-        """Feed the pages asked for and now written as a forward that computed them."""
+        """Bound a token's cost by the pages asked for and now written; feed the bounds' median."""
         with self._lock:
             asked = [self._asked.pop(p) for p in page_hashes if p in self._asked]
-        if asked:
-            self.planner.forward(len(asked) * self._page_tokens, now - min(asked))
+            if not asked:
+                return
+            self._bounds.append((now - min(asked)) / (len(asked) * self._page_tokens))
+            if len(self._bounds) < MIN_BOUNDS:
+                return
+            per_token = statistics.median(self._bounds)
+        self.planner.forward(_FORWARD_TOKENS, _FORWARD_TOKENS * per_token)
 
     # -- writes -----------------------------------------------------------------------------------
 

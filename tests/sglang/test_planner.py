@@ -18,7 +18,11 @@ from sglang.srt.mem_cache.utils import get_hash_str
 
 from hicache_storage.errors import ConfigError
 from hicache_storage.integrations.sglang import SGLangStorage
-from hicache_storage.integrations.sglang_planner import PlannerSettings, SGLangPlanner
+from hicache_storage.integrations.sglang_planner import (
+    MIN_BOUNDS,
+    PlannerSettings,
+    SGLangPlanner,
+)
 
 from .helpers import (
     ADAPTER,
@@ -131,8 +135,13 @@ def test_a_store_slow_to_read_costs_no_time_to_first_token(prefill: str, tmp_pat
     given = {"prefill_tokens_per_s": 1 / S_PER_TOKEN} if prefill == "given" else {}
     cc = controller(pools, slow_reads(tmp_path, **given))  # its probe finds reads take SLOW_S
     adapter = cc.storage_backend
-    if prefill == "derived":  # a request computed and written through prices recompute
-        serve(cc, pools.host, [list(range(5000, 5000 + PROMPT_PAGES * PAGE))])
+    if prefill == "derived":  # requests computed and written through price recompute
+        first = [
+            list(range(5000 + i * 100, 5000 + i * 100 + PROMPT_PAGES * PAGE)) for i in range(3)
+        ]
+        serve(cc, pools.host, first)
+    before = adapter.stats()["planner"]["write_pages"]
+    sets_before = calls(adapter, "batch_set_v1")
     with_store = serve(cc, pools.host, prompts)
     stats = adapter.stats()["planner"]
 
@@ -143,8 +152,10 @@ def test_a_store_slow_to_read_costs_no_time_to_first_token(prefill: str, tmp_pat
     assert stats["prefill"]["source"] == prefill
     assert stats["fetch_pages"] == {"recompute": REQUESTS * STORED_PAGES}, stats["reasons"]
     assert calls(adapter, "batch_get_v1") == 0, "no prefetch read the store"
-    assert set(stats["write_pages"]) == {"shed:unread"}, "reads do not pay, so neither do writes"
-    assert calls(adapter, "batch_set_v1") == 0
+    shed = stats["write_pages"]["shed:unread"] - before.get("shed:unread", 0)
+    assert stats["write_pages"].get("written", 0) == before.get("written", 0), "nor do writes"
+    assert shed == REQUESTS * PROMPT_PAGES
+    assert calls(adapter, "batch_set_v1") == sets_before
     assert ratio <= GOAL, f"TTFT {ratio:.3f}x the run without a storage tier"
     cc.detach_storage_backend()
     # The store holds the prefix: without the planner, the query answers it, and SGLang reads it.
@@ -240,15 +251,23 @@ class Clock:
         return self.now
 
 
+def compute(planner: SGLangPlanner, clock: Clock, pages: list[str], seconds: float) -> None:
+    """A request misses ``pages``, computes them in ``seconds`` and writes them through."""
+    assert planner.fetchable(pages, lambda: 0) == 0
+    clock.now += seconds
+    with planner.writing(pages) as call:
+        call.stored = len(call.positions)
+
+
 def test_the_prefill_rate_is_derived_from_query_to_write_through() -> None:
     clock = Clock()
     planner = SGLangPlanner(PlannerSettings(), PAGE, history_pages=64, clock=clock)
+    for i in range(MIN_BOUNDS - 1):
+        compute(planner, clock, [f"x{i}"], 0.125)
+        assert planner.stats()["prefill"]["tokens_per_s"] is None, "too few bounds to trust"
     pages = ["a", "b", "c", "d"]
-    assert planner.fetchable(pages, lambda: 0) == 0
-    clock.now = 0.5
-    with planner.writing(pages) as call:
-        call.stored = len(call.positions)
-    assert planner.stats()["prefill"] == {"source": "derived", "tokens_per_s": 16 / 0.5}
+    compute(planner, clock, pages, 0.5)
+    assert planner.stats()["prefill"] == {"source": "derived", "tokens_per_s": PAGE / 0.125}
     # A page computes in 0.125 s: reads of 0.1 s a page pay, of 0.2 s a page (the median of
     # 0.1 and 0.3) do not.
     for read_s, answer, rule in ((0.1, 4, "pays"), (0.3, 0, "recompute")):
@@ -257,6 +276,47 @@ def test_the_prefill_rate_is_derived_from_query_to_write_through() -> None:
             read.delivered = 1
         assert planner.fetchable(pages, lambda: 4) == answer
         assert planner.stats()["fetch_pages"][rule] == 4
+
+
+def test_requests_of_one_batch_price_a_page_at_a_bound_not_a_slope() -> None:
+    """SGLang prefills requests missing 1, 8 and 32 pages in one forward, written through
+    0.2 s after their queries: a page is priced at the bounds' median (0.2 s over 8 pages), not
+    at the slope of a line through them (near zero), so a store reading a page in 1 ms is fetched
+    from and written to."""
+    clock = Clock()
+    planner = SGLangPlanner(PlannerSettings(), PAGE, history_pages=64, clock=clock)
+    batch = [[f"r{n}-{i}" for i in range(n)] for n in (1, 8, 32)]
+    for pages in batch:
+        assert planner.fetchable(pages, lambda: 0) == 0
+    clock.now = 0.2
+    for pages in batch:
+        with planner.writing(pages) as call:
+            call.stored = len(call.positions)
+        clock.now += 0.001
+    per_token = planner.planner.costs.compute_s_per_token
+    assert per_token == pytest.approx(0.201 / (8 * PAGE))
+    with planner.reading(1) as read:
+        clock.now += 0.001
+        read.delivered = 1
+    assert planner.fetchable(["c0", "c1"], lambda: 2) == 2
+    with planner.writing(["d0"]) as call:
+        assert call.positions == [0]
+
+
+def test_one_bound_near_zero_does_not_price_the_store_out() -> None:
+    """A page another request was computing when this one asked is written a moment after the
+    ask: its bound is near zero, and the median of the bounds around it keeps recompute priced."""
+    clock = Clock()
+    planner = SGLangPlanner(PlannerSettings(), PAGE, history_pages=64, clock=clock)
+    compute(planner, clock, ["a0", "a1"], 0.25)
+    compute(planner, clock, ["b0"], 0.0001)
+    compute(planner, clock, ["c0", "c1"], 0.25)
+    per_token = planner.planner.costs.compute_s_per_token
+    assert per_token == pytest.approx(0.25 / (2 * PAGE))
+    with planner.reading(1) as read:
+        clock.now += 0.01
+        read.delivered = 1
+    assert planner.fetchable(["e0", "e1"], lambda: 2) == 2
 
 
 def test_a_read_in_flight_for_long_prices_the_store_before_it_returns() -> None:
