@@ -561,7 +561,8 @@ class RunResult:
     storage_stats: dict[str, Any] = field(default_factory=dict)
     """The backend's calls (``ops``: per operation, calls, hits and misses, latency), and what
     went wrong where anything did (``degraded``: failures the layers turned into misses;
-    ``integrity_failures``); empty without storage."""
+    ``integrity_failures``); for a chain, each tier's pages and calls (``tiers``) and its
+    ``first_tier`` and ``write_behind`` sections; empty without storage."""
     planner: dict[str, Any] = field(default_factory=dict)
     """The cache's planner (:meth:`Planner.stats <hicache_storage.planner.Planner.stats>`): pages
     per decision by the rule that made it (``fetch_pages``, under ``adaptive``; ``write_pages``,
@@ -1162,6 +1163,17 @@ def _storage_stats(stats: dict[str, Any]) -> dict[str, Any]:
         out["integrity_failures"] = stats["integrity_failures"]
     if "verify" in stats:
         out["verify"] = stats["verify"]
+    if isinstance(stats.get("tiers"), list):  # a chain: each tier's pages and calls
+        out["tiers"] = [
+            {
+                **{k: v for k, v in tier.items() if k != "stats"},
+                "ops": tier.get("stats", {}).get("metrics", {}).get("ops", {}),
+            }
+            for tier in stats["tiers"]
+        ]
+        for section in ("first_tier", "write_behind"):
+            if section in stats:
+                out[section] = stats[section]
     return out
 
 

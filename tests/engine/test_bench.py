@@ -368,6 +368,22 @@ def test_storage_runs_say_what_their_queries_found_and_what_the_backend_did(
     assert stored.cache["prefetch_priced_out"] + stored.cache["prefetch_no_room"] <= fetches
 
 
+def test_a_chain_run_records_each_tier_and_the_first_tiers_rule(tmp_path: Path) -> None:
+    tiers = [
+        {"backend": "memory"},
+        {"backend": "file", "options": {"root": str(tmp_path / "far")}},
+    ]
+    config = dataclasses.replace(SMALL, backend="chain", backend_config={"tiers": tiers})
+    stored = run_bench(config, runs=["L1+L2+L3"]).run("L1+L2+L3")
+    stats = stored.storage_stats
+    assert [tier["backend"] for tier in stats["tiers"]] == ["memory", "file"]
+    served = sum(tier["hits"] for tier in stats["tiers"])  # the pages' verify records too
+    assert served >= stats["ops"]["batch_get_v1"]["hit"] > 0
+    far = stats["tiers"][1]["ops"]["batch_set_v1"]
+    assert far["ok"] == stored.cache["pages_stored"], "written through to the far tier"
+    assert stats["first_tier"]["placed"] > 0
+
+
 def test_repeats_are_summarised_by_median_and_range() -> None:
     result = run_bench(dataclasses.replace(SMALL, repeat=3), runs=["L1+L2"])
     assert [(r.name, r.repeat) for r in result.runs] == [
