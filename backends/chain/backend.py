@@ -5,8 +5,9 @@ engine that takes one storage backend (SGLang's ``dynamic`` entry, vLLM's tier) 
 
 * ``batch_exists`` answers the longest leading run of keys held across the tiers together; a
   read is served by the first tier holding each page, and a page a later tier served is
-  promoted into the earlier tiers when :class:`~.promotion.HitCountPromotion` admits it, inside
-  the call, from the bytes the call just read (in the caller's buffers or host-pool pages);
+  promoted into the earlier tiers when :class:`~.promotion.HitCountPromotion` admits it: the
+  read copies the bytes it just read and returns, and a thread of the chain stores them
+  (:mod:`.promoter`), so no read waits for a write;
 * pages (written or promoted) go into the first tier only while that is measured to pay for
   its writes (:class:`~.promotion.FirstTierPays`);
 * a write stores every tier at once (``write_policy="through"``) or the first tier, the later
@@ -41,6 +42,7 @@ from hicache_storage.kit.parallel import Beside
 
 from .behind import WriteBehind
 from .config import ChainConfig
+from .promoter import Promoter
 from .promotion import FirstTierPays, HitCountPromotion
 from .turns import KeyTurns
 
@@ -136,6 +138,7 @@ class ChainBackend(StorageBackend):
         """The first tier's eviction count when first asked (:meth:`_first_evicting`)."""
         self._first_evicted = False
         self._lock = threading.Lock()
+        self._promoter = Promoter(self._promote_copies)
         self._behind = (
             WriteBehind(
                 self._tiers[0].backend,
@@ -164,7 +167,7 @@ class ChainBackend(StorageBackend):
                 self._count_hits(index, 1)
                 self._pays.served([key] if index == 0 else [], [key] if index else [])
                 if index > 0 and self._admit([key])[0]:
-                    self._promote(index, [len(as_readable(value))], _setter([key], [value]))
+                    self._queue_promotion(index, [key], [bytes(as_readable(value))])
                 return value
         return None
 
@@ -206,9 +209,8 @@ class ChainBackend(StorageBackend):
         return self._read(
             len(keys),
             lambda t, picked: t.batch_get([keys[i] for i in picked], [outs[i] for i in picked]),
-            lambda t, picked: t.batch_set([keys[i] for i in picked], [outs[i] for i in picked]),
             keys,
-            lambda i: len(as_readable(outs[i])),
+            lambda i: bytes(as_readable(outs[i])),
         )
 
     def batch_get_v1(
@@ -221,26 +223,23 @@ class ChainBackend(StorageBackend):
         def pick(picked: list[int]) -> tuple[list[str], Any]:
             return [keys[i] for i in picked], _pages_of(host_indices, picked, size)
 
-        page_nbytes = self.host_pool.page_nbytes
         return self._read(
             len(keys),
             lambda t, picked: t.batch_get_v1(*pick(picked)),
-            lambda t, picked: t.batch_set_v1(*pick(picked)),
             keys,
-            lambda i: page_nbytes,
+            lambda i: b"".join(self.page_views([keys[i]], _pages_of(host_indices, [i], size))[0]),
         )
 
     def _read(
         self,
         count: int,
         read: Callable[[StorageBackend, list[int]], list[bool]],
-        write: Callable[[StorageBackend, list[int]], list[bool]],
         keys: Sequence[str],
-        size_of: Callable[[int], int],
+        copy_of: Callable[[int], bytes],
     ) -> list[bool]:
-        """Read positions ``0..count`` tier by tier; promote the admitted later-tier hits.
+        """Read positions ``0..count`` tier by tier; queue the admitted later-tier hits.
 
-        ``size_of(position)`` is the byte size of that position's page.
+        ``copy_of(position)`` copies the bytes that position's read delivered.
         """
         hits = [False] * count
         served = [0] * count
@@ -272,8 +271,21 @@ class ChainBackend(StorageBackend):
                     i for i, ok in zip(later, admitted, strict=True) if ok and served[i] == index
                 ]
                 if chosen:
-                    self._promote(index, [size_of(i) for i in chosen], _bound(write, chosen))
+                    copies = [copy_of(i) for i in chosen]
+                    self._queue_promotion(index, [keys[i] for i in chosen], copies)
         return hits
+
+    def _queue_promotion(self, served_by: int, keys: list[str], copies: list[bytes]) -> None:
+        """Queue copies of pages tier ``served_by`` served; count those without room as shed."""
+        shed = self._promoter.offer(served_by, keys, copies)
+        if shed:
+            with self._lock:
+                for tier in self._tiers[:served_by]:
+                    tier.promotion_shed += shed
+
+    def _promote_copies(self, served_by: int, keys: list[str], copies: list[bytes]) -> None:
+        """Store queued copies into the earlier tiers (the promoter's thread)."""
+        self._promote(served_by, [len(c) for c in copies], _setter(keys, list(copies)))
 
     def _promote(
         self,
@@ -467,13 +479,13 @@ class ChainBackend(StorageBackend):
         """Remove ``key`` from every tier; return whether any held it."""
         if not self.capabilities.delete:
             raise UnsupportedOperationError("a tier of this chain cannot delete")
-        with self._quiet_behind([key]):
+        with self._promoter.paused([key]), self._quiet_behind([key]):
             found = [tier.backend.delete(key) for tier in self._tiers]
         return any(found)
 
     def clear(self) -> None:
         """Clear every tier (pages still queued for later tiers are dropped first)."""
-        with self._quiet_behind(None):
+        with self._promoter.paused(None), self._quiet_behind(None):
             for tier in self._tiers:
                 tier.backend.clear()
 
@@ -484,11 +496,12 @@ class ChainBackend(StorageBackend):
         return self._behind.paused(keys)
 
     def flush(self, timeout_s: float | None = None) -> bool:
-        """Wait until queued write-behind pages reached the later tiers; return whether all did."""
-        if self._behind is None:
-            return True
+        """Wait until queued promotions and write-behind pages were stored; return whether."""
         wait = self._config.drain_timeout_s if timeout_s is None else timeout_s
-        return self._behind.flush(wait)
+        deadline = time.monotonic() + wait
+        if not self._promoter.flush(wait):
+            return False
+        return self._behind is None or self._behind.flush(max(deadline - time.monotonic(), 0.0))
 
     def stats(self) -> dict[str, Any]:
         """Per tier: hits, promotions into it, its own stats; promotions' fates; write-behind."""
@@ -512,11 +525,13 @@ class ChainBackend(StorageBackend):
             "tiers": tiers,
         }
         out["first_tier"] = self._pays.stats()
+        out["promotions"] = self._promoter.stats()
         if self._behind is not None:
             out["write_behind"] = self._behind.stats()
         return out
 
     def _close(self) -> None:
+        self._promoter.close()
         if self._behind is not None:
             self._behind.close(self._config.drain_timeout_s)
         self._close_tiers()
@@ -524,13 +539,6 @@ class ChainBackend(StorageBackend):
     def _close_tiers(self) -> None:
         for tier in self._tiers:
             tier.backend.close()
-
-
-def _bound(
-    write: Callable[[StorageBackend, list[int]], list[bool]], chosen: list[int]
-) -> Callable[[StorageBackend, list[int]], list[bool]]:
-    """Return ``write`` of the positions at places ``picked`` of ``chosen``, given the tier."""
-    return lambda tier, picked: write(tier, [chosen[i] for i in picked])
 
 
 def _setter(

@@ -55,6 +55,8 @@ class WriteBehind:
         self._queue: collections.deque[_Entry] = collections.deque()
         self._retries: list[tuple[float, _Entry]] = []
         """Pages whose read-back failed, with the time each is due again."""
+        self._taken: list[_Entry] = []
+        """The round the thread took, until it begins to copy it (a removal filters it)."""
         self._busy = 0
         self._copying = threading.Lock()
         self._stopping = False
@@ -107,15 +109,18 @@ class WriteBehind:
         """
         with self._copying:
             with self._changed:
-                before = len(self._queue) + len(self._retries)
+                before = len(self._queue) + len(self._retries) + len(self._taken)
                 if keys is None:
                     self._queue.clear()
                     self._retries.clear()
+                    self._taken = []
                 else:
                     gone = set(keys)
                     self._queue = collections.deque(e for e in self._queue if e[0] not in gone)
                     self._retries = [r for r in self._retries if r[1][0] not in gone]
-                self._counts["queued"] -= before - len(self._queue) - len(self._retries)
+                    self._taken = [e for e in self._taken if e[0] not in gone]
+                after = len(self._queue) + len(self._retries) + len(self._taken)
+                self._counts["queued"] -= before - after
                 self._changed.notify_all()
             yield
 
@@ -138,7 +143,7 @@ class WriteBehind:
                 if self._queue:
                     break
                 self._changed.wait(wait)
-            batch: list[_Entry] = []
+            batch = self._taken = []
             total = 0
             while self._queue and (not batch or total + self._queue[0][1] <= COPY_BATCH_BYTES):
                 entry = self._queue.popleft()
@@ -159,10 +164,13 @@ class WriteBehind:
         return min(when for when, _ in self._retries) - now
 
     def _run(self) -> None:
-        while (batch := self._take()) is not None:
+        while self._take() is not None:
             try:
-                with self._copying:
-                    self._copy(batch)
+                with self._copying:  # a removal between the take and here filtered the round
+                    with self._lock:
+                        batch, self._taken = self._taken, []
+                    if batch:
+                        self._copy(batch)
             finally:
                 with self._changed:
                     self._busy = 0

@@ -39,6 +39,8 @@ def _chain(*tiers: dict[str, Any], **options: Any) -> StorageBackend:
 
 
 def _tier(chain: StorageBackend, index: int) -> dict[str, Any]:
+    """Tier ``index``'s stats once the promotions and write-behind queued so far are stored."""
+    assert chain.unwrap().flush(30.0)  # type: ignore[attr-defined]
     entry: dict[str, Any] = chain.stats()["tiers"][index]
     return entry
 
@@ -374,6 +376,7 @@ def test_a_read_only_local_root_serves_from_the_remote_and_sheds_promotions(
         assert chain.get("near") == _value(1)
         for i in range(3):
             assert chain.get(f"r{i}") == _value(i)
+            assert chain.unwrap().flush(30.0)  # type: ignore[attr-defined]
         tier = _tier(chain, 0)
         assert tier["promoted"] == 0 and tier["promotion_failed"] == 1
         assert tier["promotion_shed"] == 2  # asked again only after the back-off

@@ -1,0 +1,94 @@
+"""Promotions are stored behind the read: no read waits for them, none outlives a removal."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from hicache_storage.backend import StorageBackend
+from hicache_storage.backends.chain.promoter import Promoter
+from hicache_storage.factory import create_backend
+
+VALUE = 4096
+SLOW_WRITE_S = 1.0
+
+
+def _value(seed: int) -> bytes:
+    return bytes((seed + i) % 251 for i in range(VALUE))
+
+
+def _slow_first_tier_chain(tmp_path: Path) -> StorageBackend:
+    """A chain whose first tier takes ``SLOW_WRITE_S`` to store anything."""
+    slow = {"delay_s": SLOW_WRITE_S}
+    near: dict[str, Any] = {
+        "backend": "file",
+        "options": {"root": str(tmp_path / "near")},
+        "layers": {"verify": False, "faults": {"ops": {"batch_set": slow, "set": slow}}},
+    }
+    far = {"backend": "file", "options": {"root": str(tmp_path / "far")}}
+    with create_backend("file", far["options"]) as remote:
+        assert remote.batch_set(["a", "b"], [_value(1), _value(2)]) == [True, True]
+    return create_backend("chain", {"tiers": [near, far]})
+
+
+def test_a_read_returns_before_its_promotion_is_stored(tmp_path: Path) -> None:
+    with _slow_first_tier_chain(tmp_path) as chain:
+        assert chain.get("a") == _value(1)
+        stats = chain.stats()
+        assert stats["promotions"]["queued"] == 1
+        assert stats["tiers"][0]["promoted"] == 0, "the read did not wait for the write"
+        assert chain.unwrap().flush(30.0)  # type: ignore[attr-defined]
+        assert chain.stats()["tiers"][0]["promoted"] == 1
+        assert chain.stats()["promotions"]["pending"] == 0
+        assert chain.get("a") == _value(1)
+        assert chain.stats()["tiers"][0]["hits"] == 1, "then served by the first tier"
+
+
+def test_a_deleted_page_is_never_promoted_after_the_delete_returned(tmp_path: Path) -> None:
+    with _slow_first_tier_chain(tmp_path) as chain:
+        assert chain.get("a") == _value(1)  # its promotion is being stored, slowly
+        assert chain.get("b") == _value(2)  # queued behind it, or in the same round
+        assert chain.delete("a") and chain.delete("b")
+        assert chain.unwrap().flush(30.0)  # type: ignore[attr-defined]
+        assert not chain.exists("a") and not chain.exists("b")
+        assert chain.get("b") is None
+
+
+def test_clear_drops_queued_promotions(tmp_path: Path) -> None:
+    with _slow_first_tier_chain(tmp_path) as chain:
+        assert chain.get("a") == _value(1)
+        assert chain.get("b") == _value(2)
+        chain.clear()
+        assert chain.unwrap().flush(30.0)  # type: ignore[attr-defined]
+        assert not chain.exists("a") and not chain.exists("b")
+
+
+def test_promotions_beyond_the_bound_are_shed_and_the_rest_stored() -> None:
+    release = threading.Event()
+    stored: list[str] = []
+
+    def store(served_by: int, keys: list[str], copies: list[bytes]) -> None:
+        assert served_by == 1 and all(len(c) == 10 for c in copies)
+        release.wait(30.0)
+        stored.extend(keys)
+
+    promoter = Promoter(store, max_bytes=30)
+    try:
+        assert promoter.offer(1, ["a"], [b"x" * 10]) == 0
+        assert promoter.offer(1, ["b", "c", "d", "e"], [b"y" * 10] * 4) in (1, 2)
+        release.set()
+        assert promoter.flush(30.0)
+        counts = promoter.stats()
+        assert counts["queued"] == len(stored) and counts["queued"] + counts["shed"] == 5
+        assert stored[0] == "a" and counts["pending"] == 0
+    finally:
+        release.set()
+        promoter.close()
+
+
+def test_close_drops_the_queue_and_stops_the_thread() -> None:
+    promoter = Promoter(lambda served_by, keys, copies: None)
+    promoter.close()
+    assert promoter.offer(1, ["late"], [b"z"]) == 1, "nothing is queued once closed"
+    assert promoter.flush(1.0)
