@@ -1154,6 +1154,11 @@ def _idle(idle: bool, pending: list[Turn], busy: set[int], start: float, now: fl
         time.sleep(min(max(min(due) - now, 0.0), 0.05))
 
 
+_TIER_SECTIONS = ("health", "degraded", "capacity")
+"""What a chain run keeps of each tier's own stats besides its calls: whether its layers shed
+or absorbed calls, and how full it was."""
+
+
 def _storage_stats(stats: dict[str, Any]) -> dict[str, Any]:
     """Keep what a run records of the backend's stats (see :attr:`RunResult.storage_stats`)."""
     out: dict[str, Any] = {"ops": stats.get("metrics", {}).get("ops", {})}
@@ -1168,6 +1173,7 @@ def _storage_stats(stats: dict[str, Any]) -> dict[str, Any]:
             {
                 **{k: v for k, v in tier.items() if k != "stats"},
                 "ops": tier.get("stats", {}).get("metrics", {}).get("ops", {}),
+                **{k: tier["stats"][k] for k in _TIER_SECTIONS if k in tier.get("stats", {})},
             }
             for tier in stats["tiers"]
         ]
