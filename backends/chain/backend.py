@@ -4,7 +4,9 @@ A local disk in front of a remote store (LMCache's and Dynamo's cascade) as one 
 engine that takes one storage backend (SGLang's ``dynamic`` entry, vLLM's tier) gets both:
 
 * ``batch_exists`` answers the longest leading run of keys held across the tiers together; a
-  read is served by the first tier holding each page, and a page a later tier served is
+  read asks the first tier first unless asking the later ones first is measured cheaper
+  (:class:`~.read_order.ReadOrder`), each tier for what those asked before it missed; a page a
+  later tier served is
   promoted into the earlier tiers when :class:`~.promotion.HitCountPromotion` admits it: the
   read copies the bytes it just read and returns, and a thread of the chain stores them
   (:mod:`.promoter`), so no read waits for a write;
@@ -44,6 +46,7 @@ from .behind import WriteBehind
 from .config import ChainConfig
 from .promoter import Promoter
 from .promotion import FirstTierPays, HitCountPromotion
+from .read_order import ReadOrder
 from .turns import KeyTurns
 
 if TYPE_CHECKING:
@@ -134,6 +137,7 @@ class ChainBackend(StorageBackend):
         self.capabilities = chain_capabilities([t.backend.capabilities for t in self._tiers])
         self._promotion = HitCountPromotion(config.promote_after_hits)
         self._pays = FirstTierPays()
+        self._order = ReadOrder()
         self._first_evictions: int | None = None
         """The first tier's eviction count when first asked (:meth:`_first_evicting`)."""
         self._first_evicted = False
@@ -156,13 +160,23 @@ class ChainBackend(StorageBackend):
 
     # -- reads ------------------------------------------------------------------------------------
 
+    def _read_order(self) -> list[int]:
+        """Return the tiers' indices in the order a read asks them (:mod:`.read_order`)."""
+        order = list(range(len(self._tiers)))
+        return order if len(order) == 1 or self._order.near_first() else [*order[1:], 0]
+
     def get(self, key: str, out: Buffer | None = None) -> Buffer | None:
-        """Return the value from the first tier holding ``key``; promote it if admitted."""
-        for index, tier in enumerate(self._tiers):
+        """Return the value from the tier holding ``key`` asked first; promote it if admitted."""
+        for turn, index in enumerate(self._read_order()):
+            tier = self._tiers[index]
             began = time.monotonic()
             value = tier.backend.get(key, out)
             seconds = time.monotonic() - began
             self._pays.observe(_READ_KINDS[index > 0], value is not None, seconds)
+            found = int(value is not None)
+            self._order.observe(
+                near=index == 0, asked=1, found=found, seconds=seconds, first=turn == 0
+            )
             if value is not None:
                 self._count_hits(index, 1)
                 self._pays.served([key] if index == 0 else [], [key] if index else [])
@@ -244,12 +258,17 @@ class ChainBackend(StorageBackend):
         hits = [False] * count
         served = [0] * count
         left = list(range(count))
-        for index, tier in enumerate(self._tiers):
+        for turn, index in enumerate(self._read_order()):
+            tier = self._tiers[index]
             if not left:
                 break
             began = time.monotonic()
             found = read(tier.backend, left)
-            self._pays.observe(_READ_KINDS[index > 0], sum(found), time.monotonic() - began)
+            seconds = time.monotonic() - began
+            self._pays.observe(_READ_KINDS[index > 0], sum(found), seconds)
+            self._order.observe(
+                near=index == 0, asked=len(left), found=sum(found), seconds=seconds, first=turn == 0
+            )
             missed = []
             for position, hit in zip(left, found, strict=True):
                 if hit:
@@ -525,6 +544,7 @@ class ChainBackend(StorageBackend):
             "tiers": tiers,
         }
         out["first_tier"] = self._pays.stats()
+        out["read_order"] = self._order.stats()
         out["promotions"] = self._promoter.stats()
         if self._behind is not None:
             out["write_behind"] = self._behind.stats()
