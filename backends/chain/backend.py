@@ -7,9 +7,10 @@ engine that takes one storage backend (SGLang's ``dynamic`` entry, vLLM's tier) 
   read asks the first tier first unless asking the later ones first is measured cheaper
   (:class:`~.read_order.ReadOrder`), each tier for what those asked before it missed; a page a
   later tier served is
-  promoted into the earlier tiers when :class:`~.promotion.HitCountPromotion` admits it: the
-  read copies the bytes it just read and returns, and a thread of the chain stores them
-  (:mod:`.promoter`), so no read waits for a write;
+  promoted into the earlier tiers when :class:`~.promotion.HitCountPromotion` admits it: a
+  copying read (``get``, ``batch_get``) copies the bytes it just read and returns, and a thread
+  of the chain stores them (:mod:`.promoter`); a zero-copy read (``batch_get_v1``) stores them
+  from the host-pool pages inside the call, never staging a page;
 * pages (written or promoted) go into the first tier only while that is measured to pay for
   its writes (:class:`~.promotion.FirstTierPays`);
 * a write stores every tier at once (``write_policy="through"``) or the first tier, the later
@@ -224,36 +225,44 @@ class ChainBackend(StorageBackend):
             len(keys),
             lambda t, picked: t.batch_get([keys[i] for i in picked], [outs[i] for i in picked]),
             keys,
-            lambda i: bytes(as_readable(outs[i])),
+            lambda served_by, chosen: self._queue_promotion(
+                served_by, [keys[i] for i in chosen], [bytes(as_readable(outs[i])) for i in chosen]
+            ),
         )
 
     def batch_get_v1(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
-        """Load each page from the first tier holding it; promote from the pages just loaded."""
+        """Load each page from the tiers in read order; promote from the pages just loaded.
+
+        Promotions are stored inside the call, from the host-pool pages (each earlier tier's
+        ``batch_set_v1``): a copy to store them behind the call would stage every page promoted,
+        and the pages are the caller's once it returns.
+        """
         self.page_views(keys, host_indices)  # checks the pool and the indices once, up front
         size = self.host_pool.page_size
+        nbytes = self.host_pool.page_nbytes
 
         def pick(picked: list[int]) -> tuple[list[str], Any]:
             return [keys[i] for i in picked], _pages_of(host_indices, picked, size)
 
-        return self._read(
-            len(keys),
-            lambda t, picked: t.batch_get_v1(*pick(picked)),
-            keys,
-            lambda i: b"".join(self.page_views([keys[i]], _pages_of(host_indices, [i], size))[0]),
-        )
+        def promote(served_by: int, chosen: list[int]) -> None:
+            store = lambda t, picked: t.batch_set_v1(*pick([chosen[i] for i in picked]))  # noqa: E731
+            self._promote(served_by, [nbytes] * len(chosen), store)
+
+        return self._read(len(keys), lambda t, picked: t.batch_get_v1(*pick(picked)), keys, promote)
 
     def _read(
         self,
         count: int,
         read: Callable[[StorageBackend, list[int]], list[bool]],
         keys: Sequence[str],
-        copy_of: Callable[[int], bytes],
+        promote: Callable[[int, list[int]], None],
     ) -> list[bool]:
-        """Read positions ``0..count`` tier by tier; queue the admitted later-tier hits.
+        """Read positions ``0..count`` tier by tier; promote the admitted later-tier hits.
 
-        ``copy_of(position)`` copies the bytes that position's read delivered.
+        ``promote(served_by, positions)`` promotes the pages at ``positions`` that tier
+        ``served_by`` served.
         """
         hits = [False] * count
         served = [0] * count
@@ -290,8 +299,7 @@ class ChainBackend(StorageBackend):
                     i for i, ok in zip(later, admitted, strict=True) if ok and served[i] == index
                 ]
                 if chosen:
-                    copies = [copy_of(i) for i in chosen]
-                    self._queue_promotion(index, [keys[i] for i in chosen], copies)
+                    promote(index, chosen)
         return hits
 
     def _queue_promotion(self, served_by: int, keys: list[str], copies: list[bytes]) -> None:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import threading
+import tracemalloc
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from hicache_storage.backend import StorageBackend
 from hicache_storage.backends.chain.promoter import Promoter
 from hicache_storage.factory import create_backend
+from hicache_storage.hostpool import MHAHostPool
 
 VALUE = 4096
 SLOW_WRITE_S = 1.0
@@ -92,3 +96,29 @@ def test_close_drops_the_queue_and_stops_the_thread() -> None:
     promoter.close()
     assert promoter.offer(1, ["late"], [b"z"]) == 1, "nothing is queued once closed"
     assert promoter.flush(1.0)
+
+
+def test_a_zero_copy_read_promotes_inside_the_call_without_staging_a_page(tmp_path: Path) -> None:
+    pool = MHAHostPool(4 * 64, 64, 32, 8, 128, torch.bfloat16, "layer_first", False)
+    pool.kv_buffer.copy_(torch.randn(pool.kv_buffer.shape))
+    indices = torch.arange(64)
+    far = {"backend": "file", "options": {"root": str(tmp_path / "far")}}
+    with create_backend("file", far["options"]) as remote:
+        remote.register_host_pool(pool)
+        assert remote.batch_set_v1(["v"], indices) == [True]
+    near = {"backend": "file", "options": {"root": str(tmp_path / "near")}}
+    with create_backend("chain", {"tiers": [near, far]}) as chain:
+        chain.register_host_pool(pool)
+        tracemalloc.start()
+        try:
+            tracemalloc.reset_peak()
+            base, _ = tracemalloc.get_traced_memory()
+            assert chain.batch_get_v1(["v"], indices + 64) == [True]
+            peak = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+        assert peak < pool.page_nbytes // 4, (
+            f"{peak} bytes staged for a {pool.page_nbytes}-byte page"
+        )
+        with create_backend("file", near["options"]) as local:
+            assert local.exists("v"), "the page was promoted before the read returned"
