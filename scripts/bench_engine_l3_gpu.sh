@@ -35,10 +35,11 @@ common=(--device cuda --set page_size=64 --set engine.chunk_tokens=8192 --set wo
 documents=(--workload documents --rounds 3 --set workload.document_tokens=8192
            --set workload.question_tokens=64 --set engine.device_tokens=36864)
 file() { echo "{\"root\": \"$l3/$1\"}"; }
-chain() {  # $1: the step, $2: the chain's write policy; the near tier holds a quarter of the KV
+chain() {  # $1: the step, $2: the chain's write policy; the near tier holds a quarter of the KV,
+  # evicting behind its writes from 0.95 (half the headroom above the 0.9 low watermark)
   echo "{\"write_policy\": \"$2\", \"tiers\": [{\"backend\": \"file\", \"options\": {\"root\":" \
-    "\"$l3/$1/near\", \"max_bytes\": 6442450944}}, {\"backend\": \"file\", \"options\":" \
-    "{\"root\": \"$l3/$1/far\"}}]}"
+    "\"$l3/$1/near\", \"max_bytes\": 6442450944, \"high_watermark\": 0.95}}," \
+    "{\"backend\": \"file\", \"options\": {\"root\": \"$l3/$1/far\"}}]}"
 }
 threefs() {  # 8 MiB slots: one page of the 8B shape (64 tokens x 128 KiB); 16 files: writes to one file are serialised
   echo "{\"path\": \"$l3/$1\", \"slot_bytes\": 8388608, \"file_size\": 2147483648, \"file_count\": 16}"

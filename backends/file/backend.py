@@ -252,6 +252,7 @@ class FileBackend(StorageBackend):
             min_free_bytes=self._floor(config.min_free_bytes),
             # A page leaves with its verify record (the layer writes none over SGLang's names).
             companion=None if self._compat else _record_of,
+            high_watermark=config.high_watermark,
         )
         self._record = RECORD_BYTES if config.use_integrity else 0
         self._failures: Counter[str] = Counter()
@@ -810,6 +811,7 @@ class FileBackend(StorageBackend):
         return info.f_blocks * info.f_frsize // FLOOR_SHARE
 
     def _close(self) -> None:
+        self._capacity.close()
         self._io.close()
         with self._meta_lock:
             self._meta.clear()

@@ -54,6 +54,12 @@ class FileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     low_watermark
         Fraction of ``max_bytes`` that eviction frees down to, so that evictions come in
         batches rather than one per write.
+    high_watermark
+        Fraction of ``max_bytes`` past which eviction starts on a thread of its own, so a
+        writer waits for file removals only when it reaches the bound before they are done;
+        within (``low_watermark``, 1). ``None`` (the default) evicts at the bound, inside the
+        write that reaches it (a batch of removals can take seconds on a busy disk: set it for
+        a tier written while it evicts, such as a chain's first tier).
     min_free_bytes
         Free space the file system under ``root`` keeps, whatever ``max_bytes`` says: a write
         that would leave less evicts this instance's least recently used objects first (or is
@@ -97,6 +103,7 @@ class FileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     metadata_ttl_s: float = 5.0
     max_bytes: int | None = None
     low_watermark: float = 0.9
+    high_watermark: float | None = None
     min_free_bytes: int | None = None
     ownership: Literal["all", "rank"] = "all"
     stale_temp_s: float = 600.0
@@ -139,6 +146,14 @@ class FileConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             raise TypeError(f"low_watermark must be a number, got {type(low).__name__}")
         if not 0.0 < low < 1.0:
             raise ValueError(f"low_watermark must be within (0, 1), got {low}")
+        high = self.high_watermark
+        if high is not None:
+            if isinstance(high, bool) or not isinstance(high, (int, float)):
+                raise TypeError(f"high_watermark must be a number, got {type(high).__name__}")
+            if not low < high < 1.0:
+                raise ValueError(
+                    f"high_watermark must be within (low_watermark={low}, 1), got {high}"
+                )
         if self.ownership not in _OWNERSHIP:
             raise ValueError(f"ownership must be 'all' or 'rank', got {self.ownership!r}")
         if self.io_threads is not None:

@@ -15,6 +15,14 @@ reservation that caused the eviction is granted only after that, and any other w
 needs room meanwhile waits for the eviction in flight instead of evicting more: the objects on
 disk plus the writes in flight never exceed ``max_bytes``.
 
+With ``high_watermark``, removal starts before the bound is reached: once a reservation takes
+usage past ``high_watermark * max_bytes``, the oldest objects down to the low watermark are
+detached at once and their files removed on a thread of the index's own, one by one, so a writer
+waits for removals only when it reaches the bound before they are done. Without it, the writer
+that reaches the bound removes the batch inside its call, and a batch takes as long as unlinking
+every file in it (seconds, on a disk busy with writes), stalling that write and every writer
+behind it. A detached object written again before its file is removed keeps the file.
+
 With ``companion``, each object may have one companion object (a page and the integrity record
 the verify layer stores beside it): a use of either marks both as used, and an eviction takes
 both or neither, so a page is never kept without the record every read of it needs.
@@ -50,6 +58,10 @@ class LRUCapacity:
     companion
         Returns the key of an object's companion (its integrity record), or None for an object
         that has none (a record itself); see the module docstring.
+    high_watermark
+        Fraction of ``max_bytes`` past which removals start on a thread of the index's own,
+        in (``low_watermark``, 1); None removes at the bound, inside the writer's call (see the
+        module docstring). :meth:`close` stops the thread.
     """
 
     def __init__(
@@ -61,11 +73,16 @@ class LRUCapacity:
         free_bytes: Callable[[], int] | None = None,
         min_free_bytes: int = 0,
         companion: Callable[[str], str | None] | None = None,
+        high_watermark: float | None = None,
     ) -> None:
         if max_bytes is not None and max_bytes <= 0:
             raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
         if not 0.0 < low_watermark < 1.0:
             raise ValueError(f"low_watermark must be within (0, 1), got {low_watermark}")
+        if high_watermark is not None and not low_watermark < high_watermark < 1.0:
+            raise ValueError(
+                f"high_watermark must be within (low_watermark, 1), got {high_watermark}"
+            )
         self.max_bytes = max_bytes
         self.low_watermark = low_watermark
         self.min_free_bytes = min_free_bytes if free_bytes is not None else 0
@@ -83,6 +100,13 @@ class LRUCapacity:
         self._evicting = 0
         self._evictions = 0
         self._evicted_bytes = 0
+        self.high_watermark = high_watermark
+        self._batches: list[list[str]] = []
+        """Batches of detached objects whose files the removal thread has yet to remove."""
+        self._pending: dict[str, int] = {}
+        """Those objects' sizes, until removed or written again (:meth:`_revive`)."""
+        self._remover: threading.Thread | None = None
+        self._closed = False
 
     # -- the write protocol ---------------------------------------------------------------------
 
@@ -107,6 +131,8 @@ class LRUCapacity:
             self._reserved += nbytes
             if key is not None:
                 self._pinned[key] += 1
+            if not victims:
+                self._evict_ahead()
         if victims:
             try:
                 self._remove_all(victims)
@@ -123,6 +149,7 @@ class LRUCapacity:
         with self._lock:
             self._reserved -= nbytes
             self._unpin(key, pinned)
+            self._revive(key)
             self._index(key, nbytes)
 
     def abort(self, nbytes: int, key: str | None = None) -> None:
@@ -131,6 +158,9 @@ class LRUCapacity:
             self._reserved -= nbytes
             if key is not None:
                 self._unpin(key, True)
+                size = self._revive(key)
+                if size is not None:  # the write found it still on disk: it stays stored
+                    self._index(key, size)
 
     # -- the index ------------------------------------------------------------------------------
 
@@ -170,6 +200,15 @@ class LRUCapacity:
             victims = self._detach(self._pick(excess)[0])
         self._remove_all(victims)
         return len(victims)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Remove the files of objects already detached (for at most ``timeout_s``), then stop."""
+        with self._lock:
+            self._closed = True
+            self._freed.notify_all()
+            remover = self._remover
+        if remover is not None:
+            remover.join(timeout_s)
 
     def __contains__(self, key: object) -> bool:
         with self._lock:
@@ -271,6 +310,64 @@ class LRUCapacity:
             if self._used + self._reserved + nbytes - freed > limit:
                 return None  # evicting every unpinned object would not be enough
             return self._detach(victims)
+
+    def _evict_ahead(self) -> None:
+        """Past the high watermark, detach down to the low one for the removal thread."""
+        limit = self._limit()
+        high = self.high_watermark
+        if high is None or self._closed or limit is None or self._evicting:
+            return
+        total = self._used + self._reserved
+        if total <= limit * high:
+            return
+        victims = self._detach(self._pick(total - int(limit * self.low_watermark))[0])
+        if not victims:
+            return
+        self._pending.update(victims)
+        self._batches.append([key for key, _ in victims])
+        if self._remover is None:
+            self._remover = threading.Thread(
+                target=self._remove_ahead, name="hicache-file-evict", daemon=True
+            )
+            self._remover.start()
+        self._freed.notify_all()
+
+    def _revive(self, key: str) -> int | None:
+        """Take ``key`` back from the removals pending (written again); return its old size."""
+        size = self._pending.pop(key, None)
+        if size is not None:
+            self._evicting -= size
+            self._evictions -= 1
+            self._evicted_bytes -= size
+            self._freed.notify_all()
+        return size
+
+    def _remove_ahead(self) -> None:
+        """Remove detached objects' files one by one (the removal thread), until closed.
+
+        An object written again since it was detached is no longer pending (:meth:`_revive`);
+        one being written again (pinned) keeps its file and is indexed again: the write either
+        replaces it or finds it and keeps it.
+        """
+        while True:
+            with self._lock:
+                while not self._batches and not self._closed:
+                    self._freed.wait()
+                if not self._batches:
+                    return
+                batch = self._batches[0]
+                key = batch.pop(0)
+                if not batch:
+                    self._batches.pop(0)
+                size = self._pending.get(key)
+                if size is None:
+                    continue
+                if key in self._pinned:
+                    self._revive(key)
+                    self._index(key, size)
+                    continue
+                del self._pending[key]
+            self._remove_all([(key, size)])
 
     def _limit(self) -> int | None:
         """Return the bytes the owned objects may take now: ``max_bytes``, lowered by the floor.

@@ -590,6 +590,19 @@ def test_lru_keeps_recently_used_keys(tmp_path: Path) -> None:
         assert stats["bytes"] == 900 == disk_bytes(tmp_path)
 
 
+def test_a_high_watermark_evicts_behind_the_writes_within_the_bound(tmp_path: Path) -> None:
+    value = b"v" * (100 - RECORD_BYTES)  # files of 100 bytes
+    with make(tmp_path, max_bytes=1000, low_watermark=0.5, high_watermark=0.8) as b:
+        for i in range(30):
+            assert b.set(f"k{i}", value)
+            assert b.stats()["bytes"] + b.stats()["reserved_bytes"] <= 1000
+    # Closing waited for the removals started behind the writes.
+    with make(tmp_path, max_bytes=1000, low_watermark=0.5, high_watermark=0.8) as again:
+        held = [i for i in range(30) if again.get(f"k{i}") == value]
+        assert held == list(range(30 - len(held), 30)), "the newest kept, the oldest evicted"
+        assert 500 <= disk_bytes(tmp_path) <= 800
+
+
 def test_capacity_bound_holds_under_concurrent_writers(tmp_path: Path) -> None:
     max_bytes = 256 * 1024
     with make(tmp_path, max_bytes=max_bytes) as b:
@@ -826,6 +839,12 @@ def test_config_direct_validation() -> None:
         FileConfig(root="/tmp/x", max_bytes=0)
     with pytest.raises(ValueError, match="low_watermark"):
         FileConfig(root="/tmp/x", low_watermark=1.5)
+    with pytest.raises(ValueError, match="high_watermark"):
+        FileConfig(root="/tmp/x", low_watermark=0.9, high_watermark=0.8)
+    with pytest.raises(ValueError, match="high_watermark"):
+        FileConfig(root="/tmp/x", high_watermark=1.0)
+    with pytest.raises(TypeError, match="high_watermark"):
+        FileConfig(root="/tmp/x", high_watermark=True)  # type: ignore[arg-type]
 
 
 def test_fsync_mode(tmp_path: Path) -> None:

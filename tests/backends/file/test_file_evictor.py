@@ -104,6 +104,10 @@ def test_invalid_arguments() -> None:
     with pytest.raises(ValueError):
         LRUCapacity(10, 1.0)
     with pytest.raises(ValueError):
+        LRUCapacity(10, 0.9, high_watermark=0.8)
+    with pytest.raises(ValueError):
+        LRUCapacity(10, 0.9, high_watermark=1.0)
+    with pytest.raises(ValueError):
         LRUCapacity(10).reserve(-1)
 
 
@@ -130,7 +134,8 @@ def test_eviction_runs_outside_the_lock() -> None:
     assert cap.reserved == 10
 
 
-def test_bound_holds_under_concurrency() -> None:
+@pytest.mark.parametrize("high", [None, 0.9])
+def test_bound_holds_under_concurrency(high: float | None) -> None:
     """Simulate the disk: bytes land when a reservation is granted, leave when removed."""
     limit = 10_000
     disk_lock = threading.Lock()
@@ -141,7 +146,7 @@ def test_bound_holds_under_concurrency() -> None:
         with disk_lock:
             disk[0] -= sizes.pop(key)
 
-    cap = LRUCapacity(limit, 0.8, remove)
+    cap = LRUCapacity(limit, 0.8, remove, high_watermark=high)
 
     def work(t: int) -> None:
         for i in range(2000):
@@ -165,6 +170,7 @@ def test_bound_holds_under_concurrency() -> None:
         t.start()
     for t in threads:
         t.join()
+    cap.close()
     assert disk[1] <= limit
     assert cap.used == disk[0] == sum(sizes.values())
     assert cap.reserved == cap.evicting == 0
@@ -212,3 +218,62 @@ def test_an_object_and_its_companion_are_used_and_evicted_together() -> None:
     assert store(cap, "c", 30)  # 110 > 100: down to 90, 20 bytes: a, and a's record with it
     assert removed == ["a", "a~"]
     assert cap.keys() == ["b~", "b", "c"]
+
+
+def _ahead(release: threading.Event) -> tuple[LRUCapacity, list[str]]:
+    """A bound of 100 bytes, watermarks 0.5 and 0.75, whose removals wait for ``release``."""
+    removed: list[str] = []
+
+    def remove(key: str) -> None:
+        release.wait(5)
+        removed.append(key)
+
+    return LRUCapacity(100, 0.5, remove, high_watermark=0.75), removed
+
+
+def test_removals_start_at_the_midpoint_and_writers_do_not_wait_for_them() -> None:
+    release = threading.Event()
+    cap, removed = _ahead(release)
+    for i in range(7):
+        assert store(cap, f"k{i}", 10)
+    assert cap.evicting == 0, "70 bytes: below the high watermark"
+    assert store(cap, "k7", 10)  # 80 > 75: the oldest down to 50 go, behind this write
+    assert cap.evicting == 30 and removed == []
+    assert cap.keys() == ["k3", "k4", "k5", "k6", "k7"]
+    release.set()
+    cap.close()
+    assert removed == ["k0", "k1", "k2"] and cap.evicting == 0
+    assert cap.stats()["evictions"] == 3
+
+
+def test_a_writer_at_the_bound_waits_for_the_removals_in_flight() -> None:
+    release = threading.Event()
+    cap, _ = _ahead(release)
+    for i in range(8):
+        assert store(cap, f"k{i}", 10)  # k0..k2 detached at 80 bytes
+    assert store(cap, "k8", 10) and store(cap, "k9", 10)  # 70 + 30 evicting = 100
+    writer = threading.Thread(target=lambda: store(cap, "k10", 10))
+    writer.start()
+    writer.join(0.2)
+    assert writer.is_alive(), "100 bytes taken with the files not yet removed"
+    release.set()
+    writer.join(5)
+    assert not writer.is_alive() and "k10" in cap
+    cap.close()
+    assert cap.used + cap.evicting <= 100
+
+
+def test_an_object_written_again_before_its_removal_keeps_its_file() -> None:
+    release = threading.Event()
+    cap, removed = _ahead(release)
+    for i in range(8):
+        assert store(cap, f"k{i}", 10)  # k0..k2 detached for removal
+    assert cap.reserve(10, "k1")  # a write of k1 finds its old file and keeps it
+    cap.abort(10, "k1")
+    assert cap.reserve(10, "k2")  # a write of k2 replaces it
+    cap.commit("k2", 10)
+    release.set()
+    cap.close()
+    assert removed == ["k0"]
+    assert "k1" in cap and "k2" in cap and cap.evicting == 0
+    assert cap.stats()["evictions"] == 1
