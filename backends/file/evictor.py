@@ -149,7 +149,7 @@ class LRUCapacity:
         with self._lock:
             self._reserved -= nbytes
             self._unpin(key, pinned)
-            self._revive(key)
+            self._keep(key)
             self._index(key, nbytes)
 
     def abort(self, nbytes: int, key: str | None = None) -> None:
@@ -158,9 +158,7 @@ class LRUCapacity:
             self._reserved -= nbytes
             if key is not None:
                 self._unpin(key, True)
-                size = self._revive(key)
-                if size is not None:  # the write found it still on disk: it stays stored
-                    self._index(key, size)
+                self._keep(key)  # a write that found it still on disk: it stays stored
 
     # -- the index ------------------------------------------------------------------------------
 
@@ -332,6 +330,14 @@ class LRUCapacity:
             self._remover.start()
         self._freed.notify_all()
 
+    def _keep(self, key: str) -> None:
+        """Index ``key`` and its companion again if their removals are pending."""
+        mate = self._companion(key) if self._companion is not None else None
+        for name in (key, mate):
+            size = None if name is None else self._revive(name)
+            if name is not None and size is not None:
+                self._index(name, size)
+
     def _revive(self, key: str) -> int | None:
         """Take ``key`` back from the removals pending (written again); return its old size."""
         size = self._pending.pop(key, None)
@@ -363,8 +369,7 @@ class LRUCapacity:
                 if size is None:
                     continue
                 if key in self._pinned:
-                    self._revive(key)
-                    self._index(key, size)
+                    self._keep(key)
                     continue
                 del self._pending[key]
             self._remove_all([(key, size)])

@@ -220,6 +220,11 @@ def test_an_object_and_its_companion_are_used_and_evicted_together() -> None:
     assert cap.keys() == ["b~", "b", "c"]
 
 
+def _record(key: str) -> str | None:
+    """The companion of page ``pN`` is its record ``pN.r``; a record has none."""
+    return None if key.endswith(".r") else f"{key}.r"
+
+
 def _ahead(release: threading.Event) -> tuple[LRUCapacity, list[str]]:
     """A bound of 100 bytes, watermarks 0.5 and 0.75, whose removals wait for ``release``."""
     removed: list[str] = []
@@ -277,3 +282,25 @@ def test_an_object_written_again_before_its_removal_keeps_its_file() -> None:
     assert removed == ["k0"]
     assert "k1" in cap and "k2" in cap and cap.evicting == 0
     assert cap.stats()["evictions"] == 1
+
+
+def test_an_object_kept_from_removal_keeps_its_companion() -> None:
+    """A page written again before its removal keeps its file, and its record keeps its own: a
+    page without the record every read of it needs would be held but never served."""
+    release = threading.Event()
+    removed: list[str] = []
+
+    def remove(key: str) -> None:
+        release.wait(5)
+        removed.append(key)
+
+    cap = LRUCapacity(100, 0.5, remove, companion=_record, high_watermark=0.75)
+    for i in range(4):
+        assert store(cap, f"p{i}", 15) and store(cap, f"p{i}.r", 5)
+    # 80 > 75: p0 and its record, p1 and its record are detached (down to 40 bytes).
+    assert cap.reserve(15, "p1")  # p1 is written again and finds its old file
+    cap.abort(15, "p1")
+    release.set()
+    cap.close()
+    assert sorted(removed) == ["p0", "p0.r"]
+    assert "p1" in cap and "p1.r" in cap and cap.evicting == 0
