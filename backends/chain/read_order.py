@@ -26,6 +26,8 @@ from __future__ import annotations
 import threading
 from typing import Final
 
+from hicache_storage.planner.rates import WeightedMean
+
 from .promotion import SAMPLE_EVERY
 
 __all__ = ["MEASURED_CALLS", "ReadOrder"]
@@ -38,24 +40,13 @@ _WEIGHT: Final = 0.25
 """Weight of a new call in each mean (the chain's other rates use the same)."""
 
 
-class _Mean:
-    def __init__(self) -> None:
-        self.value: float | None = None
-        self.calls = 0
-
-    def add(self, sample: float) -> None:
-        self.calls += 1
-        old = self.value
-        self.value = sample if old is None else old + _WEIGHT * (sample - old)
-
-
 class ReadOrder:
     """Measure the tiers' reads; say whether the next read asks the first tier first."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._ask = {"near": _Mean(), "far": _Mean()}
-        self._held = {"near": _Mean(), "far": _Mean()}
+        self._ask = {side: WeightedMean(_WEIGHT) for side in ("near", "far")}
+        self._held = {side: WeightedMean(_WEIGHT) for side in ("near", "far")}
         self._reads = 0
         self.far_first = 0
 
@@ -80,7 +71,7 @@ class ReadOrder:
             sample = self._reads % SAMPLE_EVERY == 0
             costs = self._costs()
             if costs is None:  # near first, but for a sample while the later tiers lack calls
-                near = not (sample and self._ask["far"].calls < MEASURED_CALLS)
+                near = not (sample and self._ask["far"].samples < MEASURED_CALLS)
             else:
                 near = costs[0] <= costs[1] or sample
             self.far_first += not near
@@ -93,7 +84,7 @@ class ReadOrder:
         if a_near is None or a_far is None or h_near is None or h_far is None:
             return None
         sides = (*self._ask.values(), *self._held.values())
-        if any(m.calls < MEASURED_CALLS for m in sides):
+        if any(m.samples < MEASURED_CALLS for m in sides):
             return None
         return a_near + (1 - h_near) * a_far, a_far + (1 - h_far) * a_near
 

@@ -101,10 +101,9 @@ class LRUCapacity:
         self._evictions = 0
         self._evicted_bytes = 0
         self.high_watermark = high_watermark
-        self._batches: list[list[str]] = []
-        """Batches of detached objects whose files the removal thread has yet to remove."""
         self._pending: dict[str, int] = {}
-        """Those objects' sizes, until removed or written again (:meth:`_revive`)."""
+        """Detached objects whose files the removal thread has yet to remove, oldest first, and
+        their sizes; an object written again leaves it (:meth:`_revive`)."""
         self._remover: threading.Thread | None = None
         self._closed = False
 
@@ -322,7 +321,6 @@ class LRUCapacity:
         if not victims:
             return
         self._pending.update(victims)
-        self._batches.append([key for key, _ in victims])
         if self._remover is None:
             self._remover = threading.Thread(
                 target=self._remove_ahead, name="hicache-file-evict", daemon=True
@@ -334,8 +332,7 @@ class LRUCapacity:
         """Index ``key`` and its companion again if their removals are pending."""
         mate = self._companion(key) if self._companion is not None else None
         for name in (key, mate):
-            size = None if name is None else self._revive(name)
-            if name is not None and size is not None:
+            if name is not None and (size := self._revive(name)) is not None:
                 self._index(name, size)
 
     def _revive(self, key: str) -> int | None:
@@ -357,21 +354,15 @@ class LRUCapacity:
         """
         while True:
             with self._lock:
-                while not self._batches and not self._closed:
+                while not self._pending and not self._closed:
                     self._freed.wait()
-                if not self._batches:
+                if not self._pending:
                     return
-                batch = self._batches[0]
-                key = batch.pop(0)
-                if not batch:
-                    self._batches.pop(0)
-                size = self._pending.get(key)
-                if size is None:
-                    continue
+                key = next(iter(self._pending))
                 if key in self._pinned:
                     self._keep(key)
                     continue
-                del self._pending[key]
+                size = self._pending.pop(key)
             self._remove_all([(key, size)])
 
     def _limit(self) -> int | None:

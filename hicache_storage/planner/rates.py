@@ -57,7 +57,7 @@ from collections.abc import Callable
 
 from hicache_storage.errors import ConfigError
 
-__all__ = ["MIN_FOUND", "READ_SAMPLES", "READ_TTL_S", "CostModel"]
+__all__ = ["MIN_FOUND", "READ_SAMPLES", "READ_TTL_S", "CostModel", "WeightedMean"]
 
 MIN_FOUND = 0.1
 """Least share of an unanswered query's pages the policy expects storage to hold."""
@@ -69,8 +69,11 @@ READ_SAMPLES = 5
 """Read calls whose median is the measured read rate."""
 
 
-class _Mean:
-    """An exponentially weighted mean that is None until its first sample."""
+class WeightedMean:
+    """An exponentially weighted mean that is None until its first sample.
+
+    ``weight`` is a new sample's share of the mean; ``samples`` counts the samples seen.
+    """
 
     def __init__(self, weight: float) -> None:
         self.weight = weight
@@ -78,6 +81,7 @@ class _Mean:
         self.samples = 0
 
     def add(self, sample: float) -> None:
+        """Fold ``sample`` into the mean."""
         self.samples += 1
         old = self.value
         self.value = sample if old is None else old + self.weight * (sample - old)
@@ -140,11 +144,11 @@ class CostModel:
         self._read_at = 0.0
         self._writes: collections.deque[float] = collections.deque(maxlen=READ_SAMPLES)
         self._write_at = 0.0
-        self._query = _Mean(weight)
-        self._found = _Mean(weight)
+        self._query = WeightedMean(weight)
+        self._found = WeightedMean(weight)
         self._fit = _Fit(_FIT_DECAY)
-        self._forward = _Mean(weight)
-        self._sharing = _Mean(weight)
+        self._forward = WeightedMean(weight)
+        self._sharing = WeightedMean(weight)
 
     # -- samples ----------------------------------------------------------------------------------
 

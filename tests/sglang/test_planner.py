@@ -259,6 +259,13 @@ def compute(planner: SGLangPlanner, clock: Clock, pages: list[str], seconds: flo
         call.stored = len(call.positions)
 
 
+def read_one(planner: SGLangPlanner, clock: Clock, seconds: float) -> None:
+    """A read call delivers one page in ``seconds``."""
+    with planner.reading(1) as read:
+        clock.now += seconds
+        read.delivered = 1
+
+
 def test_the_prefill_rate_is_derived_from_query_to_write_through() -> None:
     clock = Clock()
     planner = SGLangPlanner(PlannerSettings(), PAGE, history_pages=64, clock=clock)
@@ -271,9 +278,7 @@ def test_the_prefill_rate_is_derived_from_query_to_write_through() -> None:
     # A page computes in 0.125 s: reads of 0.1 s a page pay, of 0.2 s a page (the median of
     # 0.1 and 0.3) do not.
     for read_s, answer, rule in ((0.1, 4, "pays"), (0.3, 0, "recompute")):
-        with planner.reading(1) as read:
-            clock.now += read_s
-            read.delivered = 1
+        read_one(planner, clock, read_s)
         assert planner.fetchable(pages, lambda: 4) == answer
         assert planner.stats()["fetch_pages"][rule] == 4
 
@@ -295,9 +300,7 @@ def test_requests_of_one_batch_price_a_page_at_a_bound_not_a_slope() -> None:
         clock.now += 0.001
     per_token = planner.planner.costs.compute_s_per_token
     assert per_token == pytest.approx(0.201 / (8 * PAGE))
-    with planner.reading(1) as read:
-        clock.now += 0.001
-        read.delivered = 1
+    read_one(planner, clock, 0.001)
     assert planner.fetchable(["c0", "c1"], lambda: 2) == 2
     with planner.writing(["d0"]) as call:
         assert call.positions == [0]
@@ -313,9 +316,7 @@ def test_one_bound_near_zero_does_not_price_the_store_out() -> None:
     compute(planner, clock, ["c0", "c1"], 0.25)
     per_token = planner.planner.costs.compute_s_per_token
     assert per_token == pytest.approx(0.25 / (2 * PAGE))
-    with planner.reading(1) as read:
-        clock.now += 0.01
-        read.delivered = 1
+    read_one(planner, clock, 0.01)
     assert planner.fetchable(["e0", "e1"], lambda: 2) == 2
 
 
