@@ -18,9 +18,10 @@
 #                     in front of the file backend on another directory (write-through)
 #   overflow-chain-behind  the same chain writing its second tier behind the first
 # Needs the package installed and one CUDA GPU; the stores live under a temporary directory
-# removed after each step (the GPU host's disk holds 64 GiB). BENCH_ARGS (e.g. "--repeat 3" or
-# "--runs L1+L2,L1+L2+L3") is added to every step's command. L3_PROCESS=1 serves each step's file
-# backend from a storage process of its own (the `process` backend over a shared host pool),
+# removed after each step (the GPU host's disk holds 64 GiB); each step starts after a `sync`, so
+# no step's writes are throttled by an earlier step's dirty pages. BENCH_ARGS (e.g. "--repeat 3"
+# or "--runs L1+L2,L1+L2+L3") is added to every step's command. L3_PROCESS=1 serves each step's
+# file backend from a storage process of its own (the `process` backend over a shared host pool),
 # serving L3_PROCESS_THREADS calls at once (default 8).
 set -euo pipefail
 out=${1:?usage: bench_engine_l3_gpu.sh OUTDIR [STEP...]}
@@ -60,6 +61,7 @@ bench() {
     set -- "${args[@]}"
   fi
   echo "== $step: hicache engine bench $*"
+  sync
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of words
   hicache engine bench "$@" ${BENCH_ARGS:-} --json "$out/$step.json"
   rm -rf "${l3:?}"/*
