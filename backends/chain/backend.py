@@ -139,9 +139,6 @@ class ChainBackend(StorageBackend):
         self._promotion = HitCountPromotion(config.promote_after_hits)
         self._pays = FirstTierPays()
         self._order = ReadOrder()
-        self._first_evictions: int | None = None
-        """The first tier's eviction count when first asked (:meth:`_first_evicting`)."""
-        self._first_evicted = False
         self._lock = threading.Lock()
         self._promoter = Promoter(self._promote_copies)
         self._behind = (
@@ -190,7 +187,7 @@ class ChainBackend(StorageBackend):
         """Which later-tier hits to promote: read often enough, and while promotions pay."""
         counted = self._promotion.admit(keys)
         admitted = [k for k, ok in zip(keys, counted, strict=True) if ok]
-        chosen = iter(self._pays.choose(admitted, evicting=self._first_evicting()))
+        chosen = iter(self._pays.choose(admitted))
         return [ok and next(chosen) for ok in counted]
 
     def exists(self, key: str) -> bool:
@@ -457,31 +454,8 @@ class ChainBackend(StorageBackend):
         """Return the positions of ``picked`` to write into the first tier (all, with one tier)."""
         if len(self._tiers) == 1 or not picked:
             return picked
-        chosen = self._pays.choose([keys[i] for i in picked], evicting=self._first_evicting())
+        chosen = self._pays.choose([keys[i] for i in picked])
         return [i for i, ok in zip(picked, chosen, strict=True) if ok]
-
-    def _first_evicting(self) -> bool:
-        """Whether the first tier has evicted pages for room since the chain opened.
-
-        Asked only while :class:`FirstTierPays` is not measured yet, and no more once it has
-        (its ``capacity`` section may cost the tier a round trip to its servers); a tier that
-        does not report evictions never evicts.
-        """
-        if self._pays.measured:
-            return False
-        if self._first_evicted:
-            return True
-        try:
-            capacity = self._tiers[0].backend.stats().get("capacity") or {}
-        except Exception:  # noqa: BLE001 - a tier that cannot say is taken as not evicting
-            return False
-        evictions = capacity.get("evictions")
-        if not isinstance(evictions, int) or isinstance(evictions, bool):
-            return False
-        if self._first_evictions is None:
-            self._first_evictions = evictions
-        self._first_evicted = evictions > self._first_evictions
-        return self._first_evicted
 
     def _write_first(
         self, write: Callable[[StorageBackend, list[int]], list[bool]], near: list[int]

@@ -63,6 +63,9 @@ SAMPLE_EVERY: Final = 16
 measure stays current (a workload whose reuse returns is seen again) at a sixteenth of the
 cost."""
 
+MEASURE_PLACEMENTS: Final = 8
+"""Placements made before the rule weighs them, so its counts mean something."""
+
 _WEIGHT: Final = 0.25
 """Weight of a new call in a tier's seconds a page (the planner's rates use the same)."""
 
@@ -79,11 +82,12 @@ class FirstTierPays:
     saved pay for the writes: ``first-tier reads x (later read - first read) >= placements x
     first write``, over decayed counts of the last :data:`PLACEMENTS_REMEMBERED` placements (a
     first tier never read yet reads for free); otherwise one page in :data:`SAMPLE_EVERY` is
-    placed. Until 8 placements, a later read and a first write are measured, pages are placed
-    while the first tier has room for them (``evicting`` False): once it evicts to make room
-    before anything says its reads pay, a placement only pushes out an earlier one unread (a
-    prefill that writes a working set larger than the first tier before any of it is read
-    back), so only the sample goes on. Two tiers on one disk save nothing and stop; a hot set
+    placed. Until the rule is measured (:data:`MEASURE_PLACEMENTS` placements, a later read
+    and a first write), the first placements are made and then only the sample: a placement
+    is a bet until reads say the first tier is the faster one, and a prefill that writes a
+    working set larger than the first tier before any of it is read back would otherwise
+    write the first tier full of pages read from the later tiers anyway (two tiers on one
+    disk: every page written twice). Two tiers on one disk save nothing and stop; a hot set
     the first tier holds pays many times over.
     """
 
@@ -128,16 +132,13 @@ class FirstTierPays:
     def measured(self) -> bool:
         """Whether the rates and placements the rule weighs are measured yet."""
         rates = self._rates
-        return self.placed >= 8 and "later_read" in rates and "first_write" in rates
+        placed = self.placed >= MEASURE_PLACEMENTS
+        return placed and "later_read" in rates and "first_write" in rates
 
-    def choose(self, keys: Sequence[str], *, evicting: bool = False) -> list[bool]:
-        """Return which of ``keys`` to place in the first tier now; remember those placed.
-
-        ``evicting`` says the first tier has evicted pages to make room: before the rule is
-        measured, placements then stop but for the sample.
-        """
+    def choose(self, keys: Sequence[str]) -> list[bool]:
+        """Return which of ``keys`` to place in the first tier now; remember those placed."""
         with self._lock:
-            pays = self._pays(evicting)
+            pays = self._pays()
             chosen = []
             keep = 1.0 - 1.0 / PLACEMENTS_REMEMBERED
             for key in keys:
@@ -157,10 +158,10 @@ class FirstTierPays:
                 chosen.append(take)
             return chosen
 
-    def _pays(self, evicting: bool = False) -> bool:
+    def _pays(self) -> bool:
         rates = self._rates
         if not self.measured:
-            return not evicting
+            return self.placed < MEASURE_PLACEMENTS
         saved = rates["later_read"] - rates.get("first_read", 0.0)
         return self._near_reads * saved >= self._placements * rates["first_write"]
 
