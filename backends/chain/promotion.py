@@ -138,10 +138,10 @@ class FirstTierPays:
     def choose(self, keys: Sequence[str]) -> list[bool]:
         """Return which of ``keys`` to place in the first tier now; remember those placed."""
         with self._lock:
-            pays = self._pays()
             chosen = []
             keep = 1.0 - 1.0 / PLACEMENTS_REMEMBERED
             for key in keys:
+                pays = self._pays()  # per key: unmeasured, the count placed decides
                 take = pays or self._skipped % SAMPLE_EVERY == 0
                 if not pays:
                     self._skipped += 1
