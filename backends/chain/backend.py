@@ -7,10 +7,9 @@ engine that takes one storage backend (SGLang's ``dynamic`` entry, vLLM's tier) 
   read asks the first tier first unless asking the later ones first is measured cheaper
   (:class:`~.read_order.ReadOrder`), each tier for what those asked before it missed; a page a
   later tier served is
-  promoted into the earlier tiers when :class:`~.promotion.HitCountPromotion` admits it: a
-  copying read (``get``, ``batch_get``) copies the bytes it just read and returns, and a thread
-  of the chain stores them (:mod:`.promoter`); a zero-copy read (``batch_get_v1``) stores them
-  from the host-pool pages inside the call, never staging a page;
+  promoted into the earlier tiers when :class:`~.promotion.HitCountPromotion` admits it: the
+  read copies the admitted pages (from the caller's buffers or host-pool pages) and returns,
+  and a thread of the chain stores them (:mod:`.promoter`);
 * pages (written or promoted) go into the first tier only while that is measured to pay for
   its writes (:class:`~.promotion.FirstTierPays`);
 * a write stores every tier at once (``write_policy="through"``) or the first tier, the later
@@ -230,24 +229,26 @@ class ChainBackend(StorageBackend):
     def batch_get_v1(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
-        """Load each page from the tiers in read order; promote from the pages just loaded.
+        """Load each page from the tiers in read order; promote copies of the pages just loaded.
 
-        Promotions are stored inside the call, from the host-pool pages (each earlier tier's
-        ``batch_set_v1``): a copy to store them behind the call would stage every page promoted,
-        and the pages are the caller's once it returns.
+        The admitted pages are copied out of the host pool before the call returns (they are the
+        caller's after it) and stored by the promoter's thread, as a copying read's are: a
+        promotion stored inside the call made the request wait for a write into the first tier,
+        which on a disk busy with the engine's writes can take a second.
         """
-        self.page_views(keys, host_indices)  # checks the pool and the indices once, up front
+        pages = self.page_views(keys, host_indices)  # checks the pool and the indices up front
         size = self.host_pool.page_size
-        nbytes = self.host_pool.page_nbytes
 
-        def pick(picked: list[int]) -> tuple[list[str], Any]:
-            return [keys[i] for i in picked], _pages_of(host_indices, picked, size)
+        def read(tier: StorageBackend, picked: list[int]) -> list[bool]:
+            return tier.batch_get_v1(
+                [keys[i] for i in picked], _pages_of(host_indices, picked, size)
+            )
 
         def promote(served_by: int, chosen: list[int]) -> None:
-            store = lambda t, picked: t.batch_set_v1(*pick([chosen[i] for i in picked]))  # noqa: E731
-            self._promote(served_by, [nbytes] * len(chosen), store)
+            copies = [b"".join(pages[i]) for i in chosen]
+            self._queue_promotion(served_by, [keys[i] for i in chosen], copies)
 
-        return self._read(len(keys), lambda t, picked: t.batch_get_v1(*pick(picked)), keys, promote)
+        return self._read(len(keys), read, keys, promote)
 
     def _read(
         self,

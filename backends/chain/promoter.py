@@ -2,11 +2,11 @@
 
 A read that promoted inside the call waited for a write into the first tier, and a write to a
 disk takes several times a read of it: the promoting reads were the chain's slowest, and a
-request waiting on its fetch waited for a copy it does not need. A copying read (``get``,
-``batch_get``) now copies the admitted pages' bytes (its caller's buffers are the caller's again
-once it returns) and queues them; a thread of the chain stores them into the earlier tiers. (A
-zero-copy read, ``batch_get_v1``, still promotes inside the call from the host-pool pages: a copy
-would stage every page it promotes.) The queue holds at most ``max_bytes`` of copies: a
+request waiting on its fetch waited for a copy it does not need. A read now copies the admitted
+pages' bytes (its caller's buffers, or for ``batch_get_v1`` its host-pool pages, are the
+caller's again once it returns: a memory copy, far cheaper than a write into a busy disk) and
+queues them; a thread of the chain stores them into the earlier tiers. The queue holds at most
+``max_bytes`` of copies: a
 promotion beyond it is shed (counted), so a first tier slower to write than the reads promoting
 into it is never offered more than it absorbs, and the copies' memory stays bounded.
 

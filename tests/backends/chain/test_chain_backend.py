@@ -192,6 +192,7 @@ def test_v1_pages_come_from_their_holders_and_promoted_pages_are_the_written_one
         assert _pages(read, 4) == _pages(written, 4)
         # Objects served: each page and its integrity record (the chain's verify layer reads it).
         assert [_tier(chain, i)["hits"] for i in (0, 1)] == [2, 6]
+        assert chain.unwrap().flush(30.0)  # type: ignore[attr-defined]
         assert _tier(chain, 0)["promoted"] == 6
         again = _pool()
         chain.register_host_pool(again)
