@@ -93,6 +93,24 @@ def chain_capabilities(tiers: Sequence[Capabilities]) -> Capabilities:
     )
 
 
+FAMILIES: Final = ("pages", "objects")
+"""What the chain measures apart: host-pool pages (``batch_get_v1``, ``batch_set_v1``) and objects
+(the copying calls, e.g. the integrity record stored beside each page, thousands of times
+smaller). A rate per key mixing the two is whichever family called last; each family has its
+read order and first-tier rule of its own."""
+
+Family = str
+"""One of :data:`FAMILIES`."""
+
+
+@dataclasses.dataclass
+class _Measures:
+    """A family's measured rules: which tiers a read asks first, what the first tier gets."""
+
+    pays: FirstTierPays = dataclasses.field(default_factory=FirstTierPays)
+    order: ReadOrder = dataclasses.field(default_factory=ReadOrder)
+
+
 @dataclasses.dataclass
 class _Tier:
     """A built tier and what the chain counted of it."""
@@ -136,8 +154,7 @@ class ChainBackend(StorageBackend):
             raise
         self.capabilities = chain_capabilities([t.backend.capabilities for t in self._tiers])
         self._promotion = HitCountPromotion(config.promote_after_hits)
-        self._pays = FirstTierPays()
-        self._order = ReadOrder()
+        self._measures = {family: _Measures() for family in FAMILIES}
         self._lock = threading.Lock()
         self._promoter = Promoter(self._promote_copies)
         self._behind = (
@@ -157,36 +174,38 @@ class ChainBackend(StorageBackend):
 
     # -- reads ------------------------------------------------------------------------------------
 
-    def _read_order(self) -> list[int]:
+    def _read_order(self, family: Family) -> list[int]:
         """Return the tiers' indices in the order a read asks them (:mod:`.read_order`)."""
         order = list(range(len(self._tiers)))
-        return order if len(order) == 1 or self._order.near_first() else [*order[1:], 0]
+        near = len(order) == 1 or self._measures[family].order.near_first()
+        return order if near else [*order[1:], 0]
 
     def get(self, key: str, out: Buffer | None = None) -> Buffer | None:
         """Return the value from the tier holding ``key`` asked first; promote it if admitted."""
-        for turn, index in enumerate(self._read_order()):
+        measures = self._measures["objects"]
+        for turn, index in enumerate(self._read_order("objects")):
             tier = self._tiers[index]
             began = time.monotonic()
             value = tier.backend.get(key, out)
             seconds = time.monotonic() - began
-            self._pays.observe(_READ_KINDS[index > 0], value is not None, seconds)
+            measures.pays.observe(_READ_KINDS[index > 0], value is not None, seconds)
             found = int(value is not None)
-            self._order.observe(
+            measures.order.observe(
                 near=index == 0, asked=1, found=found, seconds=seconds, first=turn == 0
             )
             if value is not None:
                 self._count_hits(index, 1)
-                self._pays.served([key] if index == 0 else [], [key] if index else [])
-                if index > 0 and self._admit([key])[0]:
-                    self._queue_promotion(index, [key], [bytes(as_readable(value))])
+                measures.pays.served([key] if index == 0 else [], [key] if index else [])
+                if index > 0 and self._admit([key], "objects")[0]:
+                    self._queue_promotion(index, "objects", [key], [bytes(as_readable(value))])
                 return value
         return None
 
-    def _admit(self, keys: Sequence[str]) -> list[bool]:
+    def _admit(self, keys: Sequence[str], family: Family) -> list[bool]:
         """Which later-tier hits to promote: read often enough, and while promotions pay."""
         counted = self._promotion.admit(keys)
         admitted = [k for k, ok in zip(keys, counted, strict=True) if ok]
-        chosen = iter(self._pays.choose(admitted))
+        chosen = iter(self._measures[family].pays.choose(admitted))
         return [ok and next(chosen) for ok in counted]
 
     def exists(self, key: str) -> bool:
@@ -218,11 +237,14 @@ class ChainBackend(StorageBackend):
         if len(keys) != len(outs):
             return super().batch_get(keys, outs)  # the base class names the mismatch
         return self._read(
-            len(keys),
+            "objects",
             lambda t, picked: t.batch_get([keys[i] for i in picked], [outs[i] for i in picked]),
             keys,
             lambda served_by, chosen: self._queue_promotion(
-                served_by, [keys[i] for i in chosen], [bytes(as_readable(outs[i])) for i in chosen]
+                served_by,
+                "objects",
+                [keys[i] for i in chosen],
+                [bytes(as_readable(outs[i])) for i in chosen],
             ),
         )
 
@@ -246,34 +268,36 @@ class ChainBackend(StorageBackend):
 
         def promote(served_by: int, chosen: list[int]) -> None:
             copies = [b"".join(pages[i]) for i in chosen]
-            self._queue_promotion(served_by, [keys[i] for i in chosen], copies)
+            self._queue_promotion(served_by, "pages", [keys[i] for i in chosen], copies)
 
-        return self._read(len(keys), read, keys, promote)
+        return self._read("pages", read, keys, promote)
 
     def _read(
         self,
-        count: int,
+        family: Family,
         read: Callable[[StorageBackend, list[int]], list[bool]],
         keys: Sequence[str],
         promote: Callable[[int, list[int]], None],
     ) -> list[bool]:
-        """Read positions ``0..count`` tier by tier; promote the admitted later-tier hits.
+        """Read ``keys``' positions tier by tier; promote the admitted later-tier hits.
 
         ``promote(served_by, positions)`` promotes the pages at ``positions`` that tier
         ``served_by`` served.
         """
+        measures = self._measures[family]
+        count = len(keys)
         hits = [False] * count
         served = [0] * count
         left = list(range(count))
-        for turn, index in enumerate(self._read_order()):
+        for turn, index in enumerate(self._read_order(family)):
             tier = self._tiers[index]
             if not left:
                 break
             began = time.monotonic()
             found = read(tier.backend, left)
             seconds = time.monotonic() - began
-            self._pays.observe(_READ_KINDS[index > 0], sum(found), seconds)
-            self._order.observe(
+            measures.pays.observe(_READ_KINDS[index > 0], sum(found), seconds)
+            measures.order.observe(
                 near=index == 0, asked=len(left), found=sum(found), seconds=seconds, first=turn == 0
             )
             missed = []
@@ -286,12 +310,12 @@ class ChainBackend(StorageBackend):
             self._count_hits(index, len(left) - len(missed))
             left = missed
         later = [i for i in range(count) if hits[i] and served[i] > 0]
-        self._pays.served(
+        measures.pays.served(
             [keys[i] for i in range(count) if hits[i] and served[i] == 0],
             [keys[i] for i in later],
         )
         if later:
-            admitted = self._admit([keys[i] for i in later])
+            admitted = self._admit([keys[i] for i in later], family)
             for index in range(1, len(self._tiers)):
                 chosen = [
                     i for i, ok in zip(later, admitted, strict=True) if ok and served[i] == index
@@ -300,30 +324,27 @@ class ChainBackend(StorageBackend):
                     promote(index, chosen)
         return hits
 
-    def _queue_promotion(self, served_by: int, keys: list[str], copies: list[bytes]) -> None:
+    def _queue_promotion(
+        self, served_by: int, family: Family, keys: list[str], copies: list[bytes]
+    ) -> None:
         """Queue copies of pages tier ``served_by`` served; count those without room as shed."""
-        shed = self._promoter.offer(served_by, keys, copies)
+        shed = self._promoter.offer((served_by, family), keys, copies)
         if shed:
             with self._lock:
                 for tier in self._tiers[:served_by]:
                     tier.promotion_shed += shed
 
-    def _promote_copies(self, served_by: int, keys: list[str], copies: list[bytes]) -> None:
-        """Store queued copies into the earlier tiers (the promoter's thread)."""
-        self._promote(served_by, [len(c) for c in copies], _setter(keys, list(copies)))
-
-    def _promote(
-        self,
-        served_by: int,
-        sizes: list[int],
-        write: Callable[[StorageBackend, list[int]], list[bool]],
+    def _promote_copies(
+        self, origin: tuple[int, Family], keys: list[str], copies: list[bytes]
     ) -> None:
-        """Store the pages tier ``served_by`` served into each earlier tier that can.
+        """Store queued copies into each earlier tier that can (the promoter's thread).
 
-        ``write(tier, picked)`` stores the pages at places ``picked`` of ``sizes`` (their byte
-        sizes). A page larger than the tier's bound is refused, not offered again; only a
-        failure to store a page that fits backs the tier off (:data:`PROMOTION_BACKOFF_S`).
+        ``origin`` is the tier that served them and their family. A page larger than the tier's
+        bound is refused, not offered again; only a failure to store a page that fits backs the
+        tier off (:data:`PROMOTION_BACKOFF_S`).
         """
+        served_by, family = origin
+        sizes = [len(c) for c in copies]
         now = time.monotonic()
         for index, tier in enumerate(self._tiers[:served_by]):
             with self._lock:
@@ -333,9 +354,14 @@ class ChainBackend(StorageBackend):
                 bound = tier.bound
             picked = [i for i, size in enumerate(sizes) if bound is None or size <= bound]
             began = time.monotonic()
-            stored = write(tier.backend, picked) if picked else []
+            stored = (
+                tier.backend.batch_set([keys[i] for i in picked], [copies[i] for i in picked])
+                if picked
+                else []
+            )
             if index == 0 and picked:
-                self._pays.observe("first_write", len(picked), time.monotonic() - began)
+                seconds = time.monotonic() - began
+                self._measures[family].pays.observe("first_write", len(picked), seconds)
             failed = [i for i, ok in zip(picked, stored, strict=True) if not ok]
             if failed and bound is None:
                 bound = self._bound_of(tier)
@@ -385,7 +411,7 @@ class ChainBackend(StorageBackend):
             return super().batch_set(keys, values)  # the base class names the mismatch
         sizes = [len(as_readable(value)) for value in values]
         return self._write(
-            len(keys),
+            "objects",
             lambda t, picked: t.batch_set([keys[i] for i in picked], [values[i] for i in picked]),
             keys,
             sizes,
@@ -398,7 +424,7 @@ class ChainBackend(StorageBackend):
         self.page_views(keys, host_indices)
         pool = self.host_pool
         return self._write(
-            len(keys),
+            "pages",
             lambda t, picked: t.batch_set_v1(
                 [keys[i] for i in picked], _pages_of(host_indices, picked, pool.page_size)
             ),
@@ -408,18 +434,21 @@ class ChainBackend(StorageBackend):
 
     def _write(
         self,
-        count: int,
+        family: Family,
         write: Callable[[StorageBackend, list[int]], list[bool]],
         keys: Sequence[str],
         sizes: list[int],
     ) -> list[bool]:
-        """Write positions ``0..count`` by the write policy; per position, whether stored."""
+        """Write ``keys``' positions by the write policy; per position, whether stored."""
         if self._behind is None:
-            return TURNS.write(keys, lambda picked: self._write_through(picked, write, keys))
+            return TURNS.write(
+                keys, lambda picked: self._write_through(family, picked, write, keys)
+            )
+        count = len(keys)
         everything = list(range(count))
-        near = self._near(everything, keys)
+        near = self._near(family, everything, keys)
         first = [False] * count
-        for position, ok in zip(near, self._write_first(write, near), strict=True):
+        for position, ok in zip(near, self._write_first(family, write, near), strict=True):
             first[position] = ok
         kept = [i for i in everything if first[i]]
         if kept:
@@ -437,6 +466,7 @@ class ChainBackend(StorageBackend):
 
     def _write_through(
         self,
+        family: Family,
         picked: list[int],
         write: Callable[[StorageBackend, list[int]], list[bool]],
         keys: Sequence[str],
@@ -445,28 +475,32 @@ class ChainBackend(StorageBackend):
         later = [
             Beside(write, t.backend, picked, name="hicache-chain-tier") for t in self._tiers[1:]
         ]
-        near = self._near(picked, keys)
-        first = dict(zip(near, self._write_first(write, near), strict=True))
+        near = self._near(family, picked, keys)
+        first = dict(zip(near, self._write_first(family, write, near), strict=True))
         results = [[first.get(position, False) for position in picked]]
         results += [run.result() for run in later]
         return [any(column) for column in zip(*results, strict=True)]
 
-    def _near(self, picked: list[int], keys: Sequence[str]) -> list[int]:
+    def _near(self, family: Family, picked: list[int], keys: Sequence[str]) -> list[int]:
         """Return the positions of ``picked`` to write into the first tier (all, with one tier)."""
         if len(self._tiers) == 1 or not picked:
             return picked
-        chosen = self._pays.choose([keys[i] for i in picked])
+        chosen = self._measures[family].pays.choose([keys[i] for i in picked])
         return [i for i, ok in zip(picked, chosen, strict=True) if ok]
 
     def _write_first(
-        self, write: Callable[[StorageBackend, list[int]], list[bool]], near: list[int]
+        self,
+        family: Family,
+        write: Callable[[StorageBackend, list[int]], list[bool]],
+        near: list[int],
     ) -> list[bool]:
         """Write ``near`` into the first tier, timing it for :class:`FirstTierPays`."""
         if not near:
             return []
         began = time.monotonic()
         stored = write(self._tiers[0].backend, near)
-        self._pays.observe("first_write", len(near), time.monotonic() - began)
+        seconds = time.monotonic() - began
+        self._measures[family].pays.observe("first_write", len(near), seconds)
         return stored
 
     # -- housekeeping -----------------------------------------------------------------------------
@@ -526,8 +560,8 @@ class ChainBackend(StorageBackend):
             "write_policy": self._config.write_policy,
             "tiers": tiers,
         }
-        out["first_tier"] = self._pays.stats()
-        out["read_order"] = self._order.stats()
+        out["first_tier"] = {f: m.pays.stats() for f, m in self._measures.items()}
+        out["read_order"] = {f: m.order.stats() for f, m in self._measures.items()}
         out["promotions"] = self._promoter.stats()
         if self._behind is not None:
             out["write_behind"] = self._behind.stats()
@@ -542,15 +576,6 @@ class ChainBackend(StorageBackend):
     def _close_tiers(self) -> None:
         for tier in self._tiers:
             tier.backend.close()
-
-
-def _setter(
-    keys: list[str], values: list[Buffer]
-) -> Callable[[StorageBackend, list[int]], list[bool]]:
-    """Return a call storing the values at places ``picked`` under their keys in a tier."""
-    return lambda tier, picked: tier.batch_set(
-        [keys[i] for i in picked], [values[i] for i in picked]
-    )
 
 
 def _pages_of(host_indices: torch.Tensor | Sequence[int], picked: list[int], page_size: int) -> Any:

@@ -26,18 +26,22 @@ from typing import Any, Final
 
 from .behind import COPY_BATCH_BYTES
 
-__all__ = ["MAX_PENDING_BYTES", "Promoter"]
+__all__ = ["MAX_PENDING_BYTES", "Origin", "Promoter"]
 
 MAX_PENDING_BYTES: Final = 4 * COPY_BATCH_BYTES
 """Bytes of copies waiting to be promoted: four rounds of the thread's batches (256 MiB), enough
 that a burst of reads never waits for the first tier, bounded so a first tier that cannot keep
 up costs promotions, not memory."""
 
-Store = Callable[[int, list[str], list[bytes]], None]
-"""Store pages a later tier (the first argument, its index) served into the earlier tiers."""
+Origin = tuple[int, str]
+"""Where queued pages came from: the index of the tier that served them, and their family (what
+the chain measures apart)."""
 
-_Entry = tuple[int, str, bytes]
-"""A queued promotion: the tier that served the page, its key and its bytes."""
+Store = Callable[[Origin, list[str], list[bytes]], None]
+"""Store pages of one origin (the first argument) into the earlier tiers."""
+
+_Entry = tuple[Origin, str, bytes]
+"""A queued promotion: its origin, the page's key and its bytes."""
 
 
 class Promoter:
@@ -59,14 +63,14 @@ class Promoter:
         self._thread = threading.Thread(target=self._run, name="hicache-chain-promote", daemon=True)
         self._thread.start()
 
-    def offer(self, served_by: int, keys: Sequence[str], values: Sequence[bytes]) -> int:
-        """Queue copies of pages tier ``served_by`` served; return how many were shed (no room)."""
+    def offer(self, origin: Origin, keys: Sequence[str], values: Sequence[bytes]) -> int:
+        """Queue copies of pages from ``origin``; return how many were shed (no room)."""
         with self._changed:
             taken = 0
             for key, value in zip(keys, values, strict=True):
                 if self._stopping or self._bytes + len(value) > self._max_bytes:
                     break
-                self._queue.append((served_by, key, value))
+                self._queue.append((origin, key, value))
                 self._bytes += len(value)
                 taken += 1
             self._counts["queued"] += taken
@@ -146,9 +150,9 @@ class Promoter:
                 with self._storing:  # a removal between the take and here filtered the round
                     with self._lock:
                         batch, self._taken = self._taken, []
-                    for served_by in sorted({e[0] for e in batch}):
-                        picked = [e for e in batch if e[0] == served_by]
-                        self._store(served_by, [e[1] for e in picked], [e[2] for e in picked])
+                    for origin in sorted({e[0] for e in batch}):
+                        picked = [e for e in batch if e[0] == origin]
+                        self._store(origin, [e[1] for e in picked], [e[2] for e in picked])
             except Exception:  # noqa: BLE001 - the chain counts a tier's failures; never raise
                 pass
             finally:

@@ -381,7 +381,7 @@ def test_a_chain_run_records_each_tier_and_the_first_tiers_rule(tmp_path: Path) 
     assert served >= stats["ops"]["batch_get_v1"]["hit"] > 0
     far = stats["tiers"][1]["ops"]["batch_set_v1"]
     assert far["ok"] == stored.cache["pages_stored"], "written through to the far tier"
-    assert stats["first_tier"]["placed"] > 0
+    assert stats["first_tier"]["pages"]["placed"] > 0
 
 
 def test_repeats_are_summarised_by_median_and_range() -> None:

@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from hicache_storage import create_backend
 from hicache_storage.backends.chain.promotion import MEASURE_PLACEMENTS, SAMPLE_EVERY, FirstTierPays
+from hicache_storage.hostpool import MHAHostPool
 
 VALUE = 256 * 1024
 
@@ -69,7 +72,7 @@ def test_a_working_set_written_before_any_read_is_placed_only_as_a_sample(
     chain = _chain(tmp_path, near_values=64)
     for i in range(64):
         assert chain.set(f"k{i}", bytes([i]) * VALUE)
-    first = chain.stats()["first_tier"]
+    first = chain.stats()["first_tier"]["objects"]
     assert first["placed"] <= MEASURE_PLACEMENTS + 64 // SAMPLE_EVERY
     assert first["withheld"] == 64 - first["placed"]
     assert chain.stats()["tiers"][0]["stats"]["capacity"]["evictions"] == 0
@@ -95,7 +98,7 @@ def test_a_cycle_larger_than_the_first_tier_stops_promoting(tmp_path: Path) -> N
     for _ in range(4):
         for i in range(16):
             assert chain.get(f"k{i}") == bytes([i]) * VALUE
-    first = chain.stats()["first_tier"]
+    first = chain.stats()["first_tier"]["objects"]
     assert first["left_unread"] >= 8 and first["left_unread"] > 3 * first["near_reads"]
     assert first["withheld"] > 0  # it stopped, but for samples (which may turn it back on)
     chain.close()
@@ -111,6 +114,27 @@ def test_a_hot_set_the_first_tier_holds_is_promoted_and_read_there(tmp_path: Pat
         for i in range(4):
             assert chain.get(f"k{i}") == bytes([i]) * VALUE
     stats = chain.stats()
-    assert stats["first_tier"]["pays"] is True and stats["tiers"][0]["promoted"] >= 4
+    assert stats["first_tier"]["objects"]["pays"] is True and stats["tiers"][0]["promoted"] >= 4
     assert stats["tiers"][0]["hits"] >= 40  # the hot set is read from the first tier
     chain.close()
+
+
+def test_pages_and_the_objects_beside_them_are_measured_apart(tmp_path: Path) -> None:
+    """A zero-copy page's rates are its own: the small objects written in copying calls beside
+    it (an integrity record a page) cost far less a key and must not stand for it."""
+    slow = {"faults": {"ops": {"batch_set_v1": {"delay_s": 0.05}}}}
+    tiers = [
+        {"backend": "file", "options": {"root": str(tmp_path / "near")}, "layers": slow},
+        {"backend": "file", "options": {"root": str(tmp_path / "far")}},
+    ]
+    pool = MHAHostPool(4 * 16, 16, 2, 2, 8, torch.float16, "page_first", False)
+    with create_backend("chain", {"tiers": tiers}) as chain:
+        chain.register_host_pool(pool)
+        for i in range(4):
+            assert chain.batch_set_v1([f"page{i}"], torch.arange(16)) == [True]
+            for j in range(4):
+                assert chain.set(f"object{i}.{j}", b"x" * 64)
+        first = chain.stats()["first_tier"]
+    assert first["pages"]["placed"] == 4 and first["objects"]["placed"] >= MEASURE_PLACEMENTS
+    assert first["pages"]["s_per_page"]["first_write"] >= 0.05
+    assert first["objects"]["s_per_page"]["first_write"] < 0.05

@@ -71,15 +71,15 @@ def test_promotions_beyond_the_bound_are_shed_and_the_rest_stored() -> None:
     release = threading.Event()
     stored: list[str] = []
 
-    def store(served_by: int, keys: list[str], copies: list[bytes]) -> None:
-        assert served_by == 1 and all(len(c) == 10 for c in copies)
+    def store(origin: tuple[int, str], keys: list[str], copies: list[bytes]) -> None:
+        assert origin == (1, "objects") and all(len(c) == 10 for c in copies)
         release.wait(30.0)
         stored.extend(keys)
 
     promoter = Promoter(store, max_bytes=30)
     try:
-        assert promoter.offer(1, ["a"], [b"x" * 10]) == 0
-        assert promoter.offer(1, ["b", "c", "d", "e"], [b"y" * 10] * 4) in (1, 2)
+        assert promoter.offer((1, "objects"), ["a"], [b"x" * 10]) == 0
+        assert promoter.offer((1, "objects"), ["b", "c", "d", "e"], [b"y" * 10] * 4) in (1, 2)
         release.set()
         assert promoter.flush(30.0)
         counts = promoter.stats()
@@ -91,9 +91,9 @@ def test_promotions_beyond_the_bound_are_shed_and_the_rest_stored() -> None:
 
 
 def test_close_drops_the_queue_and_stops_the_thread() -> None:
-    promoter = Promoter(lambda served_by, keys, copies: None)
+    promoter = Promoter(lambda origin, keys, copies: None)
     promoter.close()
-    assert promoter.offer(1, ["late"], [b"z"]) == 1, "nothing is queued once closed"
+    assert promoter.offer((1, "pages"), ["late"], [b"z"]) == 1, "nothing is queued once closed"
     assert promoter.flush(1.0)
 
 

@@ -76,7 +76,7 @@ def test_a_chain_whose_first_tier_is_slow_reads_the_later_tier_first(tmp_path: P
             outs = [bytearray(VALUE) for _ in keys]
             assert chain.batch_get(keys, outs) == [True] * 8 and outs == values
         after = chain.stats()
-        assert after["read_order"]["far_first"] > 0
+        assert after["read_order"]["objects"]["far_first"] > 0
         far_hits = after["tiers"][1]["hits"] - before[1]["hits"]
         near_hits = after["tiers"][0]["hits"] - before[0]["hits"]
         assert far_hits > near_hits, "the later tier served most reads"
