@@ -17,6 +17,7 @@
 #   overflow-chain    overflow with L3 = a chain: a file tier bounded at a quarter of the KV (6 GiB)
 #                     in front of the file backend on another directory (write-through)
 #   overflow-chain-behind  the same chain writing its second tier behind the first
+#   overflow-chain-one     a chain of that second tier alone: what the chain's own calls cost
 # Needs the package installed and one CUDA GPU; the stores live under a temporary directory
 # removed after each step (the GPU host's disk holds 64 GiB); each step starts after a `sync`, so
 # no step's writes are throttled by an earlier step's dirty pages. BENCH_ARGS (e.g. "--repeat 3"
@@ -107,11 +108,13 @@ for step in $steps; do
     overflow-70b)
       bench "$step" --model 70b-layers "${common[@]}" "${documents[@]}" --clients 16 \
         --set engine.host_tokens=40960 --backend file --config "$(file "$step")" ;;
-    overflow-chain | overflow-chain-behind)
+    overflow-chain | overflow-chain-behind | overflow-chain-one)
       chain_writes=through
       [[ $step == overflow-chain-behind ]] && chain_writes=behind
+      config=$(chain "$step" "$chain_writes")
+      [[ $step == overflow-chain-one ]] && config="{\"tiers\": [{\"backend\": \"file\", \"options\": $(file "$step")}]}"
       bench "$step" --model 8b "${common[@]}" "${documents[@]}" --clients 24 \
-        --set engine.host_tokens=81920 --backend chain --config "$(chain "$step" "$chain_writes")" ;;
+        --set engine.host_tokens=81920 --backend chain --config "$config" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done

@@ -74,20 +74,24 @@ class FirstTierPays:
     """Whether placing pages in the first tier pays for the writes it costs, measured.
 
     A page is placed in the first tier by a write (``through``: beside the later tiers;
-    ``behind``: before them) or by a promotion, inside the read that served it from a later
-    tier; each placement costs one write into the first tier. A read of a placed page from the
-    first tier saves ``later read - first read`` seconds; a read of it from a later tier means
-    it left the first tier first (the first tier holds less than the pages cycling through it,
-    a scan, documents read in turn) or saves nothing. Pages go on being placed while the reads
-    saved pay for the writes: ``first-tier reads x (later read - first read) >= placements x
-    first write``, over decayed counts of the last :data:`PLACEMENTS_REMEMBERED` placements (a
-    first tier never read yet reads for free); otherwise one page in :data:`SAMPLE_EVERY` is
-    placed. Until the rule is measured (:data:`MEASURE_PLACEMENTS` placements, a later read
-    and a first write), the first placements are made and then only the sample: a placement
-    is a bet until reads say the first tier is the faster one, and a prefill that writes a
-    working set larger than the first tier before any of it is read back would otherwise
-    write the first tier full of pages read from the later tiers anyway (two tiers on one
-    disk: every page written twice). Two tiers on one disk save nothing and stop; a hot set
+    ``behind``: before them) or by a promotion, after a read a later tier served; each placement
+    costs one write into the first tier. A read of a placed page from the first tier saves
+    ``later read - first read`` seconds; a read of it from a later tier means it left the first
+    tier first (the first tier holds less than the pages cycling through it, a scan, documents
+    read in turn) or saves nothing. Pages go on being placed while the reads saved pay for the
+    writes: ``first-tier reads x (later read - first read) >= placements x first write``, over
+    decayed counts of the last :data:`PLACEMENTS_REMEMBERED` placements (a first tier never read
+    yet reads for free); otherwise one page in :data:`SAMPLE_EVERY` is placed, so reuse that
+    returns is seen. A first tier measured no faster to read than the later ones (``later read
+    <= first read``) saves nothing whatever the reuse, so it gets no sample: each would be a
+    write of pure cost, on a disk the later tier may share; the read order's samples
+    (:mod:`.read_order`) go on timing its reads of the pages it holds, and once those say it is
+    the faster one, sampling resumes. Until the rule is measured (:data:`MEASURE_PLACEMENTS`
+    placements, a later read and a first write), the first placements are made and then only the
+    sample: a placement is a bet until reads say the first tier is the faster one, and a prefill
+    that writes a working set larger than the first tier before any of it is read back would
+    otherwise write the first tier full of pages read from the later tiers anyway (two tiers on
+    one disk: every page written twice). Two tiers on one disk save nothing and stop; a hot set
     the first tier holds pays many times over.
     """
 
@@ -142,7 +146,7 @@ class FirstTierPays:
             keep = 1.0 - 1.0 / PLACEMENTS_REMEMBERED
             for key in keys:
                 pays = self._pays()  # per key: unmeasured, the count placed decides
-                take = pays or self._skipped % SAMPLE_EVERY == 0
+                take = pays or (self._may_save() and self._skipped % SAMPLE_EVERY == 0)
                 if not pays:
                     self._skipped += 1
                 if take:
@@ -157,6 +161,13 @@ class FirstTierPays:
                     self.withheld += 1
                 chosen.append(take)
             return chosen
+
+    def _may_save(self) -> bool:
+        """Whether a page in the first tier can save anything: unmeasured, or it reads faster."""
+        rates = self._rates
+        if not self.measured:
+            return True
+        return rates["later_read"] > rates.get("first_read", 0.0)
 
     def _pays(self) -> bool:
         rates = self._rates

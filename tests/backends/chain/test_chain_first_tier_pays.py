@@ -63,6 +63,19 @@ def test_unmeasured_the_first_placements_are_made_then_a_sample() -> None:
     assert sum(rest) == 2 and rest[0] and rest[SAMPLE_EVERY] and not pays.measured
 
 
+def test_a_first_tier_no_faster_than_the_later_gets_no_sample_until_it_reads_faster() -> None:
+    """Two tiers on one disk: a placement there can save nothing, whatever the reuse."""
+    pays = FirstTierPays()
+    _rates(pays, first=0.004, later=0.003, write=0.010)
+    assert pays.choose([f"k{i}" for i in range(MEASURE_PLACEMENTS)]) == [True] * MEASURE_PLACEMENTS
+    assert pays.measured
+    assert not any(pays.choose([f"n{i}" for i in range(4 * SAMPLE_EVERY)]))
+    for _ in range(8):  # its reads of the pages it holds turn faster (the read order's samples)
+        pays.observe("first_read", 1, 0.0005)
+    chosen = pays.choose([f"m{i}" for i in range(2 * SAMPLE_EVERY)])
+    assert sum(chosen) == 2, "sampling resumes once a placement could save a read"
+
+
 def test_a_working_set_written_before_any_read_is_placed_only_as_a_sample(
     tmp_path: Path,
 ) -> None:
