@@ -93,14 +93,14 @@ def chain_capabilities(tiers: Sequence[Capabilities]) -> Capabilities:
     )
 
 
-FAMILIES: Final = ("pages", "objects")
+Family = str
+"""One of :data:`FAMILIES` (a plain string: the promoter hands it back with the pages)."""
+
+FAMILIES: Final[tuple[Family, ...]] = ("pages", "objects")
 """What the chain measures apart: host-pool pages (``batch_get_v1``, ``batch_set_v1``) and objects
 (the copying calls, e.g. the integrity record stored beside each page, thousands of times
 smaller). A rate per key mixing the two is whichever family called last; each family has its
 read order and first-tier rule of its own."""
-
-Family = str
-"""One of :data:`FAMILIES`."""
 
 
 @dataclasses.dataclass
