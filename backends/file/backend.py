@@ -51,21 +51,22 @@ Capacity
     page and the verify layer's record of it are used and evicted together. The bound is per
     instance: ranks sharing a directory should use ``ownership="rank"`` and give each rank its
     share.
+
+The backend is this module's reads, housekeeping and stats over its parts: :mod:`.layout` (where
+objects live, the startup walk), :mod:`.writes` (reserve, write, publish, settle), :mod:`.meta`
+(the metadata cache), :mod:`.evictor` (the capacity index) and :mod:`.errors`.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import re
 import stat
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from functools import partial
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Buffer
 
@@ -79,51 +80,38 @@ from hicache_storage.errors import (
     BufferSizeError,
     ConfigError,
     HiCacheError,
-    InvalidKeyError,
 )
 from hicache_storage.keys.format import ObjectFormat
-from hicache_storage.keys.validation import validate_key
 from hicache_storage.kit import (
     NOT_REGULAR,
-    PUBLISHED,
     READ_FLAGS,
-    UNLINKED,
     AtomicFiles,
-    ErrorMap,
-    FanoutPaths,
-    FileWrite,
     FormatManifest,
     IOWorkers,
     MediumFaults,
     closed_guard,
     flat,
-    fsync_dir,
-    is_temp,
     nbytes,
     open_regular,
     read_checked,
     read_files,
     read_into,
-    write_checked,
-    write_files,
-    write_from,
 )
-from hicache_storage.kit.integrity import RECORD_BYTES, check, record, verify
+from hicache_storage.kit.integrity import RECORD_BYTES, check, verify
 from hicache_storage.layers.verify import RECORD_PREFIX, record_key
 from hicache_storage.quota import SQLiteLedger
 
 from .config import FileConfig, capabilities
+from .errors import MISSING, MISSING_ERRNOS, io_error, oserror
 from .evictor import LRUCapacity
+from .layout import Layout
+from .meta import MetaCache
+from .writes import ObjectWriter
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["FileBackend"]
-
-_BatchWrite = Callable[
-    [Sequence[str], list[list[memoryview]], list[int], list[bool], dict[int, HiCacheError]], None
-]
-"""Writes a batch's reserved values (by index), marking each done or recording its failure."""
 
 logger = logging.getLogger(__name__)
 
@@ -136,14 +124,6 @@ FLOOR_SHARE = 100
 
 QUOTA_LEDGER = ".hicache-quota.sqlite"
 """The quota ledger's file in the root: a leading dot, so it is never a key's object."""
-_MISSING = (FileNotFoundError, NotADirectoryError)
-_MISSING_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR})
-_META_LIMIT = 1 << 18
-"""Most entries the metadata cache keeps; the oldest insertion is dropped beyond it."""
-SGLANG_SUFFIX = ".bin"
-"""What SGLang's ``HiCacheFile`` appends to a key to name its file."""
-_OUR_TEMP = re.compile(r"\.[A-Za-z0-9][A-Za-z0-9_.\-]*\.tmp\.[0-9]+\.[0-9a-f]{12}")
-"""Exactly the names :func:`hicache_storage.kit.temp_name` makes (a strict :func:`is_temp`)."""
 
 
 def _read_bytes(fd: int, size: int) -> bytes | None:
@@ -162,32 +142,6 @@ def _read_bytes(fd: int, size: int) -> bytes | None:
     return b"".join(parts)
 
 
-_ERRORS = ErrorMap("file backend")
-
-
-def _write_sealed(key: str, fd: int, views: Sequence[memoryview]) -> None:
-    """Write ``views`` and then their integrity record, checksumming them as they are written."""
-    size, crc = write_checked(fd, views)
-    write_from(fd, [memoryview(record(key, size, crc))], size)
-
-
-def _oserror(code: int) -> OSError:
-    """Return the exception ``os`` would raise for ``code`` (``OSError`` picks the subclass)."""
-    return OSError(code, os.strerror(code))
-
-
-def _io_error(what: str, exc: OSError) -> HiCacheError:
-    return _ERRORS.translate(exc, what)
-
-
-def _is_key(name: str) -> bool:
-    try:
-        validate_key(name)
-    except InvalidKeyError:
-        return False
-    return True
-
-
 def _owns_everything(key: str) -> bool:
     return True
 
@@ -195,11 +149,6 @@ def _owns_everything(key: str) -> bool:
 def _record_of(key: str) -> str | None:
     """Return the key of the verify layer's record of page ``key``; None for a record itself."""
     return None if key.startswith(RECORD_PREFIX) else record_key(key)
-
-
-def _is_our_temp(name: str) -> bool:
-    """Return whether ``name`` is exactly one of our temporary names (never SGLang's)."""
-    return _OUR_TEMP.fullmatch(name) is not None
 
 
 @closed_guard
@@ -228,22 +177,21 @@ class FileBackend(StorageBackend):
         self.deployment = deployment if deployment is not None else Deployment()
         self.root = os.path.abspath(os.path.expanduser(config.root))
         self._compat = config.naming == "sglang_file_compat"
-        self._suffix = SGLANG_SUFFIX if self._compat else ""
-        self._is_temp: Callable[[str], bool] = _is_our_temp if self._compat else is_temp
-        self._paths = FanoutPaths(self.root, fanout=config.use_fanout)
         self._files = AtomicFiles(fsync=config.fsync)
         self.medium_faults = MediumFaults()
         """The suite's fault hook: each disk operation checks it first (see the kit)."""
+        self._layout = Layout(
+            self.root, fanout=config.use_fanout, compat=self._compat, faults=self.medium_faults
+        )
         self.capabilities = capabilities(config)
         self._formats = FormatManifest(self.root)
         self._io = IOWorkers(config.threads, "hicache-file-io")
         self._owns: Callable[[str], bool] = (
             self.deployment.scheme().owns if config.ownership == "rank" else _owns_everything
         )
-        self._meta_on = config.metadata_cache and config.metadata_ttl_s > 0
-        self._meta_ttl = config.metadata_ttl_s
-        self._meta: dict[str, tuple[int, float]] = {}
-        self._meta_lock = threading.Lock()
+        self._meta = MetaCache(enabled=config.metadata_cache, ttl_s=config.metadata_ttl_s)
+        self._lock = threading.Lock()
+        """Guards the failure counts and the unlisted directories."""
         self._capacity = LRUCapacity(
             config.max_bytes,
             config.low_watermark,
@@ -255,6 +203,17 @@ class FileBackend(StorageBackend):
             high_watermark=config.high_watermark,
         )
         self._record = RECORD_BYTES if config.use_integrity else 0
+        self._writer = ObjectWriter(
+            layout=self._layout,
+            files=self._files,
+            io=self._io,
+            capacity=self._capacity,
+            meta=self._meta,
+            faults=self.medium_faults,
+            owns=self._owns,
+            stored=self._stored,
+            record=self._record,
+        )
         self._failures: Counter[str] = Counter()
         self._read_errors = 0
         self._unlisted: set[str] = set()
@@ -266,7 +225,7 @@ class FileBackend(StorageBackend):
         try:
             os.makedirs(self.root, exist_ok=True)
         except OSError as exc:
-            raise _io_error(f"create root directory {self.root!r}", exc) from exc
+            raise io_error(f"create root directory {self.root!r}", exc) from exc
         self._scan()
 
     # -- the contract ---------------------------------------------------------------------------
@@ -289,20 +248,8 @@ class FileBackend(StorageBackend):
         if self._compat and isinstance(pool, HostKVPool):
             fmt = ObjectFormat.of_pool(pool, model=self.deployment.model_name)
             suffix = self.deployment.rank_suffix().suffix
-            self._formats.claim(suffix, fmt, lambda: self._holds_suffix(suffix))
+            self._formats.claim(suffix, fmt, lambda: self._layout.holds_suffix(suffix))
         super().register_host_pool(pool)
-
-    def _holds_suffix(self, suffix: str) -> bool:
-        """Whether ``root`` holds an object whose key ends in ``suffix`` (SGLang's flat names)."""
-        ending = suffix + SGLANG_SUFFIX
-        try:
-            with os.scandir(self.root) as entries:
-                return any(
-                    entry.name.endswith(ending) and _is_key(entry.name[: -len(SGLANG_SUFFIX)])
-                    for entry in entries
-                )
-        except OSError as exc:
-            raise _io_error(f"list {self.root!r}", exc) from exc
 
     def get(self, key: str, out: Buffer | None = None) -> Buffer | None:
         """Return the value of ``key`` (``bytes``), or read it into ``out``; None on a miss.
@@ -315,7 +262,7 @@ class FileBackend(StorageBackend):
             If the file exists but cannot be read.
         """
         dst = None if out is None else as_writable(out)
-        path = self._path(key)
+        path = self._layout.path(key)
         fd = self._open(path, key)
         if fd is None:
             return None
@@ -338,7 +285,7 @@ class FileBackend(StorageBackend):
             else:
                 result = out if self._read_verified(fd, key, [dst], stored) else None
         except OSError as exc:
-            raise _io_error(f"read {key!r}", exc) from exc
+            raise io_error(f"read {key!r}", exc) from exc
         finally:
             os.close(fd)
         if result is None:  # truncated or corrupt: not a complete value
@@ -349,7 +296,10 @@ class FileBackend(StorageBackend):
 
     def exists(self, key: str) -> bool:
         """Return whether ``key`` holds a value (the metadata cache first, then ``stat``)."""
-        return self._cached(key) or self._stat(key)
+        return self._stored(key)
+
+    def _stored(self, key: str) -> bool:
+        return self._meta.cached(key) or self._stat(key)
 
     def set(self, key: str, value: Buffer) -> bool:
         """Store ``value`` under ``key`` unless it holds a value already (the first one wins).
@@ -362,7 +312,7 @@ class FileBackend(StorageBackend):
             If the write failed (disk full, I/O error); nothing is left under the key.
         """
         view = as_readable(value)
-        return self._store(key, [view])
+        return self._writer.store(key, [view])
 
     def batch_get(self, keys: Sequence[str], outs: Sequence[Buffer]) -> list[bool]:
         """Read each key into its output buffer, ``io_threads`` at once; per-key hits.
@@ -380,13 +330,13 @@ class FileBackend(StorageBackend):
         """Store each value under its key, ``io_threads`` at once (the first value wins).
 
         Within ``max_bytes`` every value is stored that :meth:`set` one by one would store
-        (see :meth:`_store_batch`); if a write fails, the others are still written and the
-        first failure is raised.
+        (:meth:`~.writes.ObjectWriter.store_batch`); if a write fails, the others are still
+        written and the first failure is raised.
         """
         if len(keys) != len(values):
             raise BatchMismatchError(f"got {len(keys)} keys but {len(values)} values")
-        return self._store_batch(
-            keys, [[as_readable(value)] for value in values], self._write_values
+        return self._writer.store_batch(
+            keys, [[as_readable(value)] for value in values], self._writer.write_values
         )
 
     def _get_into(self, item: tuple[str, Buffer]) -> bool | BackendError:
@@ -417,7 +367,7 @@ class FileBackend(StorageBackend):
             return hits
         if not any(hits):
             raise failures[min(failures)]
-        with self._meta_lock:
+        with self._lock:
             self._read_errors += len(failures)
         logger.warning(
             "file backend: %s read %d of %d keys; %d could not be read and are misses: %s",
@@ -431,15 +381,7 @@ class FileBackend(StorageBackend):
 
     def batch_exists(self, keys: Sequence[str]) -> int:
         """Return the length of the leading run of keys that exist."""
-        count = 0
-        if self._meta_on:
-            now = time.monotonic()
-            with self._meta_lock:
-                for key in keys:
-                    entry = self._meta.get(key)
-                    if entry is None or entry[1] < now:
-                        break
-                    count += 1
+        count = self._meta.leading(keys)
         for key in keys[count:]:
             if not self._stat(key):
                 break
@@ -467,14 +409,14 @@ class FileBackend(StorageBackend):
         for i, key in enumerate(keys):
             try:
                 self.medium_faults.check("read")
-            except _MISSING:
-                self._forget_meta(key)
+            except MISSING:
+                self._meta.forget(key)
             except OSError as exc:
-                failures[i] = _io_error(f"open {key!r}", exc)
+                failures[i] = io_error(f"open {key!r}", exc)
             else:
                 todo.append(i)
         records = [bytearray(self._record) for _ in todo]
-        paths = [self._path(keys[i]) for i in todo]
+        paths = [self._layout.path(keys[i]) for i in todo]
         buffers = [
             [*pages[i], memoryview(rec)] if self._record else pages[i]
             for i, rec in zip(todo, records, strict=True)
@@ -488,10 +430,10 @@ class FileBackend(StorageBackend):
         )
         for i, path, rec, result in zip(todo, paths, records, results, strict=True):
             key, size = keys[i], nbytes(pages[i])
-            if result.error in _MISSING_ERRNOS or result.size == NOT_REGULAR:
-                self._forget_meta(key)
+            if result.error in MISSING_ERRNOS or result.size == NOT_REGULAR:
+                self._meta.forget(key)
             elif result.error:
-                failures[i] = _io_error(f"read {key!r}", _oserror(result.error))
+                failures[i] = io_error(f"read {key!r}", oserror(result.error))
             elif result.size == size + self._record:
                 if result.read == result.size and (
                     not self._record or self._counted(key, check(rec, key, size, result.crc))
@@ -512,200 +454,25 @@ class FileBackend(StorageBackend):
         page fails, the others are still written and the first failure is raised.
         """
         pages = [[flat(view) for view in views] for views in self.page_views(keys, host_indices)]
-        return self._store_batch(keys, pages, self._write_pages, self._prepare_page)
-
-    def _prepare_page(self, key: str) -> None:
-        """Check the medium and make the key's directory (:func:`write_files` needs it)."""
-        self.medium_faults.check("write")
-        self._files.ensure_dir(os.path.dirname(self._path(key)))
-
-    def _store_batch(
-        self,
-        keys: Sequence[str],
-        values: list[list[memoryview]],
-        write: _BatchWrite,
-        prepare: Callable[[str], None] | None = None,
-    ) -> list[bool]:
-        """Store a batch within the bound: reserve each value in turn, write the reserved together.
-
-        When a value finds no room, the batch's own reservations may be what fills the bound:
-        they are written first (then they can be evicted for it), and the value is tried again,
-        so the batch stores what :meth:`set` one by one would, and a key repeated in the batch
-        is found stored by its first copy. ``prepare`` runs before each key's reservation.
-
-        Raises
-        ------
-        HiCacheError
-            The first failure, after every other value was written.
-        """
-        done = [False] * len(keys)
-        failures: dict[int, HiCacheError] = {}
-        todo: list[int] = []
-        for i, key in enumerate(keys):
-            admitted = self._admit(key, nbytes(values[i]), prepare)
-            if admitted == "full" and todo:
-                write(keys, values, todo, done, failures)
-                todo = []
-                admitted = self._admit(key, nbytes(values[i]), prepare)
-            if isinstance(admitted, HiCacheError):
-                failures[i] = admitted
-            elif admitted == "stored":
-                done[i] = True
-            elif admitted == "reserved":
-                todo.append(i)
-        write(keys, values, todo, done, failures)
-        if failures:
-            raise failures[min(failures)]
-        return done
-
-    def _admit(
-        self, key: str, size: int, prepare: Callable[[str], None] | None
-    ) -> Literal["stored", "reserved", "full"] | HiCacheError:
-        """Ready ``key`` for a batch write: stored already, its room reserved, or no room.
-
-        A failed check or preparation is returned, the batch's other keys going on.
-        """
-        try:
-            if self._cached(key) or self._stat(key):
-                return "stored"
-            if prepare is not None:
-                prepare(key)
-        except HiCacheError as exc:
-            return exc
-        except OSError as exc:
-            return _io_error(f"write {key!r}", exc)
-        if self._owns(key) and not self._capacity.reserve(size + self._record, key):
-            return "full"
-        return "reserved"
-
-    def _write_values(
-        self,
-        keys: Sequence[str],
-        values: list[list[memoryview]],
-        todo: list[int],
-        done: list[bool],
-        failures: dict[int, HiCacheError],
-    ) -> None:
-        """Write the reserved values ``todo``, ``io_threads`` at once; mark each done or failed."""
-        outcomes = self._io.map(self._write_reserved, [(keys[i], values[i]) for i in todo])
-        for i, outcome in zip(todo, outcomes, strict=True):
-            if outcome is None:
-                done[i] = True
-            else:
-                failures[i] = outcome
-
-    def _write_reserved(self, item: tuple[str, list[memoryview]]) -> HiCacheError | None:
-        """Write one reserved value and settle its reservation; return its failure, if any."""
-        key, views = item
-        size = nbytes(views)
-        try:
-            published = self._write(key, self._path(key), views)
-        except HiCacheError as exc:
-            self._settle(key, size, False)
-            return exc
-        except BaseException:
-            self._settle(key, size, False)
-            raise
-        self._settle(key, size, published)
-        return None
-
-    def _write_pages(
-        self,
-        keys: Sequence[str],
-        pages: list[list[memoryview]],
-        todo: list[int],
-        done: list[bool],
-        failures: dict[int, HiCacheError],
-    ) -> None:
-        """Write the reserved pages ``todo`` in one batch; mark each done or record its failure."""
-        if not todo:
-            return
-        paths = [self._path(keys[i]) for i in todo]
-        temps = [self._paths.temp_path(keys[i]) for i in todo]
-        try:
-            results = write_files(
-                paths,
-                temps,
-                [pages[i] for i in todo],
-                [keys[i] for i in todo] if self._record else None,
-                self._io,
-                fsync=self._files.fsync,
-            )
-        except BaseException:
-            for i in todo:
-                self._settle(keys[i], nbytes(pages[i]), False)
-            raise
-        for i, path, temp, result in zip(todo, paths, temps, results, strict=True):
-            key, size = keys[i], nbytes(pages[i])
-            try:
-                published = self._published(key, path, temp, pages[i], result)
-            except HiCacheError as exc:
-                failures[i] = exc
-                self._settle(key, size, False)
-                continue
-            except OSError as exc:
-                failures[i] = _io_error(f"write {key!r}", exc)
-                self._settle(key, size, False)
-                continue
-            self._settle(key, size, published)
-            done[i] = True
-
-    def _published(
-        self, key: str, path: str, temp: str, views: list[memoryview], result: FileWrite
-    ) -> bool:
-        """Finish one page of :meth:`batch_set_v1`; return whether this call published it.
-
-        Raises
-        ------
-        OSError
-            The page's write failed (its errno), or publishing by ``rename`` failed.
-        HiCacheError
-            The page's second try, after its directory was removed behind the cache, failed.
-        """
-        if result.error == errno.ENOENT:  # a directory removed behind the cache: once more
-            self._files.forget_dirs()
-            return self._write(key, path, views)
-        if result.error:
-            raise _oserror(result.error)
-        if result.outcome == UNLINKED:
-            try:
-                published = self._files.publish(temp, path)
-            finally:
-                self._files.discard(temp)
-        else:
-            published = result.outcome == PUBLISHED
-        if published and self._files.fsync:
-            fsync_dir(os.path.dirname(path))
-        return published
-
-    def _settle(self, key: str, size: int, published: bool) -> None:
-        """Commit or give back the reservation of a value of ``size`` bytes (and its record).
-
-        A key that is now stored is remembered.
-        """
-        owned = self._owns(key)
-        if published:
-            if owned:
-                self._capacity.commit(key, size + self._record)
-            self._remember(key, size)
-        elif owned:
-            self._capacity.abort(size + self._record, key)
+        return self._writer.store_batch(
+            keys, pages, self._writer.write_pages, self._writer.prepare_page
+        )
 
     # -- housekeeping ---------------------------------------------------------------------------
 
     def delete(self, key: str) -> bool:
         """Remove ``key``; return whether it existed."""
-        path = self._path(key)
+        path = self._layout.path(key)
         try:
             self.medium_faults.check("delete")
             os.unlink(path)
-        except (*_MISSING, IsADirectoryError):  # a directory is no value: nothing to delete
+        except (*MISSING, IsADirectoryError):  # a directory is no value: nothing to delete
             existed = False
         except OSError as exc:
-            raise _io_error(f"delete {key!r}", exc) from exc
+            raise io_error(f"delete {key!r}", exc) from exc
         else:
             existed = True
-        self._forget_meta(key)
+        self._meta.forget(key)
         self._capacity.forget(key)
         return existed
 
@@ -728,12 +495,12 @@ class FileBackend(StorageBackend):
         sweep_temps = self._compat and self.config.ownership == "all"
         now = time.time()
         unlisted: list[tuple[str, OSError]] = []
-        for directory, entry in self._entries(unlisted):
+        for directory, entry in self._layout.files(unlisted):
             name = entry.name
-            if sweep_temps and self._is_temp(name):
-                self._discard_stale_temp(entry, now)
+            if sweep_temps and self._layout.is_temp(name):
+                self._layout.discard_stale_temp(entry, now, self.config.stale_temp_s)
                 continue
-            key = self._key_of(name)
+            key = self._layout.key_of(name)
             if key is None or not self._owns(key):
                 continue
             try:
@@ -741,16 +508,15 @@ class FileBackend(StorageBackend):
             except FileNotFoundError:
                 continue
             except OSError as exc:
-                raise _io_error(f"remove {name!r} from {directory!r}", exc) from exc
+                raise io_error(f"remove {name!r} from {directory!r}", exc) from exc
             removed.add(key)
         self._capacity.forget_many(removed)
-        gone = [k for k in indexed if k not in removed and not os.path.exists(self._path(k))]
+        gone = [k for k in indexed if k not in removed and not os.path.exists(self._layout.path(k))]
         self._capacity.forget_many(gone)
-        with self._meta_lock:
-            self._meta.clear()
+        self._meta.clear()
         if unlisted:
             directory, error = unlisted[0]
-            raise _io_error(f"clear {directory!r}", error) from error
+            raise io_error(f"clear {directory!r}", error) from error
 
     def quota_ledger(self) -> SQLiteLedger:
         """Return the ledger in this root (``.hicache-quota.sqlite``, never a key's name)."""
@@ -783,7 +549,7 @@ class FileBackend(StorageBackend):
             evictions=stats["evictions"],
             policy="lru",
         )
-        with self._meta_lock:
+        with self._lock:
             stats["integrity_failures"] = dict(self._failures)
             stats["read_errors"] = self._read_errors
             stats["unlisted_dirs"] = sorted(self._unlisted)
@@ -813,29 +579,14 @@ class FileBackend(StorageBackend):
     def _close(self) -> None:
         self._capacity.close()
         self._io.close()
-        with self._meta_lock:
-            self._meta.clear()
+        self._meta.clear()
         self._files.forget_dirs()
 
     # -- paths ----------------------------------------------------------------------------------
 
-    def _dir_of(self, key: str) -> str:
-        return self._paths.directory(key)
-
     def path_of(self, key: str) -> str:
         """Return the path of the file that holds (or would hold) ``key``."""
-        return self._paths.path(key) + self._suffix
-
-    def _path(self, key: str) -> str:
-        return self._paths.path(key) + self._suffix
-
-    def _key_of(self, name: str) -> str | None:
-        """Return the key whose object file is named ``name``, or None if it names no object."""
-        if self._compat:
-            if not name.endswith(SGLANG_SUFFIX):
-                return None
-            name = name[: -len(SGLANG_SUFFIX)]
-        return name if _is_key(name) else None
+        return self._layout.path(key)
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -844,12 +595,12 @@ class FileBackend(StorageBackend):
         try:
             self.medium_faults.check("read")
             fd = open_regular(path, READ_FLAGS)
-        except _MISSING:
+        except MISSING:
             fd = None
         except OSError as exc:
-            raise _io_error(f"open {key!r}", exc) from exc
+            raise io_error(f"open {key!r}", exc) from exc
         if fd is None:
-            self._forget_meta(key)
+            self._meta.forget(key)
         return fd
 
     def _read_verified(self, fd: int, key: str, views: list[memoryview], stored: int) -> bool:
@@ -872,7 +623,7 @@ class FileBackend(StorageBackend):
         """Return whether a check found nothing wrong (``reason`` None); count why it did."""
         if reason is None:
             return True
-        with self._meta_lock:
+        with self._lock:
             self._failures[reason] += 1
         logger.warning("file backend: %r failed its integrity check (%s); removed", key, reason)
         return False
@@ -880,60 +631,31 @@ class FileBackend(StorageBackend):
     def _drop(self, key: str, path: str, reason: str | None) -> None:
         """Forget a key whose file is not a complete value and remove that file."""
         if reason is not None:
-            with self._meta_lock:
+            with self._lock:
                 self._failures[reason] += 1
-        self._forget_meta(key)
+        self._meta.forget(key)
         if self._record:
             self._discard(path)
             self._capacity.forget(key)
 
     def _hit(self, key: str, size: int) -> None:
         self._capacity.touch(key)
-        self._remember(key, size)
+        self._meta.remember(key, size)
 
     def _stat(self, key: str) -> bool:
         """Return whether ``key``'s path is a regular file (anything else holds no value)."""
         try:
             self.medium_faults.check("stat")
-            info = os.stat(self._path(key))
-        except _MISSING:
+            info = os.stat(self._layout.path(key))
+        except MISSING:
             return False
         except OSError as exc:
-            raise _io_error(f"stat {key!r}", exc) from exc
+            raise io_error(f"stat {key!r}", exc) from exc
         if not stat.S_ISREG(info.st_mode):
-            self._forget_meta(key)
+            self._meta.forget(key)
             return False
-        self._remember(key, info.st_size - self._record)
+        self._meta.remember(key, info.st_size - self._record)
         return True
-
-    # -- writing --------------------------------------------------------------------------------
-
-    def _store(self, key: str, views: list[memoryview]) -> bool:
-        """Publish ``views`` (concatenated, then the record) under ``key`` within the bound."""
-        path = self._path(key)
-        if self._cached(key) or self._stat(key):
-            return True
-        size = nbytes(views)
-        if self._owns(key) and not self._capacity.reserve(size + self._record, key):
-            return False
-        try:
-            published = self._write(key, path, views)
-        except BaseException:
-            self._settle(key, size, False)
-            raise
-        self._settle(key, size, published)
-        return True
-
-    def _write(self, key: str, path: str, views: list[memoryview]) -> bool:
-        """Write a temporary file and link it to ``path``; return False if ``path`` existed."""
-        try:
-            self.medium_faults.check("write")
-            temp = self._paths.temp_path(key)
-            if not self._record:
-                return self._files.write(path, views, temp)
-            return self._files.write(path, views, temp, partial(_write_sealed, key))
-        except OSError as exc:
-            raise _io_error(f"write {key!r}", exc) from exc
 
     @staticmethod
     def _discard(path: str) -> None:
@@ -942,103 +664,16 @@ class FileBackend(StorageBackend):
     def _evict_file(self, key: str) -> None:
         """Remove an evicted object (the capacity index's callback)."""
         try:
-            os.unlink(self._path(key))
-        except _MISSING:
+            os.unlink(self._layout.path(key))
+        except MISSING:
             pass
         except OSError as exc:
             logger.warning("file backend could not evict %r: %s", key, exc)
-        self._forget_meta(key)
+        self._meta.forget(key)
 
     # -- the metadata cache ---------------------------------------------------------------------
 
-    def _cached(self, key: str) -> bool:
-        if not self._meta_on:
-            return False
-        with self._meta_lock:
-            entry = self._meta.get(key)
-            if entry is None:
-                return False
-            if entry[1] < time.monotonic():
-                del self._meta[key]
-                return False
-            return True
-
-    def _remember(self, key: str, size: int) -> None:
-        if not self._meta_on:
-            return
-        expiry = time.monotonic() + self._meta_ttl
-        with self._meta_lock:
-            self._meta[key] = (size, expiry)
-            if len(self._meta) > _META_LIMIT:
-                del self._meta[next(iter(self._meta))]
-
-    def _forget_meta(self, key: str) -> None:
-        if self._meta_on:
-            with self._meta_lock:
-                self._meta.pop(key, None)
-
     # -- the startup scan -----------------------------------------------------------------------
-
-    def _object_dirs(self, unlisted: list[tuple[str, OSError]]) -> Iterator[str]:
-        """Yield the directories that may hold objects under the configured layout.
-
-        A fan-out directory that cannot be listed goes to ``unlisted``, and the rest are still
-        yielded.
-        """
-        if not self._paths.fanout:
-            yield self.root
-            return
-        for first in self._subdirs(self.root, unlisted):
-            yield from self._subdirs(first, unlisted)
-
-    def _subdirs(self, directory: str, unlisted: list[tuple[str, OSError]]) -> list[str]:
-        """Return the fan-out directories in ``directory`` (the root's listing must succeed)."""
-        try:
-            with os.scandir(directory) as entries:
-                return sorted(
-                    entry.path
-                    for entry in entries
-                    if FanoutPaths.is_fanout_dir(entry.name) and entry.is_dir(follow_symlinks=False)
-                )
-        except _MISSING:
-            return []
-        except OSError as exc:
-            if directory == self.root:
-                raise
-            unlisted.append((directory, exc))
-            return []
-
-    def _entries(
-        self, unlisted: list[tuple[str, OSError]]
-    ) -> Iterator[tuple[str, os.DirEntry[str]]]:
-        """Yield ``(directory, entry)`` for every regular file in the object directories.
-
-        A fan-out directory that cannot be listed (another tenant's ``umask 077``, a bad
-        sector) costs the objects in it, not the store: it goes to ``unlisted`` and the walk
-        goes on. The root itself must list.
-
-        Raises
-        ------
-        BackendIOError
-            If the root cannot be listed.
-        """
-        try:
-            self.medium_faults.check("list")
-            for directory in self._object_dirs(unlisted):
-                try:
-                    with os.scandir(directory) as entries:
-                        files = [e for e in entries if e.is_file(follow_symlinks=False)]
-                except _MISSING:
-                    continue
-                except OSError as exc:
-                    if directory == self.root:
-                        raise
-                    unlisted.append((directory, exc))
-                    continue
-                for entry in files:
-                    yield directory, entry
-        except OSError as exc:
-            raise _io_error(f"scan {self.root!r}", exc) from exc
 
     def _scan(self) -> None:
         """Index the owned objects already on disk (oldest first) and remove stale temps."""
@@ -1046,15 +681,15 @@ class FileBackend(StorageBackend):
         found: list[tuple[int, str, int]] = []
         stale = 0
         unlisted: list[tuple[str, OSError]] = []
-        for directory, entry in self._entries(unlisted):
+        for directory, entry in self._layout.files(unlisted):
             name = entry.name
-            if self._is_temp(name):
-                stale += self._discard_stale_temp(entry, now)
+            if self._layout.is_temp(name):
+                stale += self._layout.discard_stale_temp(entry, now, self.config.stale_temp_s)
                 continue
-            key = self._key_of(name)
+            key = self._layout.key_of(name)
             if key is None or not self._owns(key):
                 continue
-            if self._dir_of(key) != directory:  # not where this layout would look for it
+            if self._layout.directory(key) != directory:  # not where this layout would look for it
                 continue
             try:
                 info = entry.stat(follow_symlinks=False)
@@ -1074,7 +709,7 @@ class FileBackend(StorageBackend):
                 directory,
                 error,
             )
-        with self._meta_lock:
+        with self._lock:
             self._unlisted.update(directory for directory, _ in unlisted)
         found.sort()
         for _, name, size in found:
@@ -1090,17 +725,6 @@ class FileBackend(StorageBackend):
                 stale,
                 evicted,
             )
-
-    def _discard_stale_temp(self, entry: os.DirEntry[str], now: float) -> int:
-        """Remove our temporary file ``entry`` if older than ``stale_temp_s``; return 1 if so."""
-        try:
-            mtime = entry.stat(follow_symlinks=False).st_mtime
-        except OSError:  # gone, or not ours to look at: left alone
-            return 0
-        if now - mtime <= self.config.stale_temp_s:
-            return 0
-        self._discard(entry.path)
-        return 1
 
     def __repr__(self) -> str:
         state = " closed" if self._closed else ""

@@ -458,7 +458,7 @@ def test_truncated_underneath_is_a_miss(tmp_path: Path, monkeypatch: pytest.Monk
 def test_startup_scan_counts_objects_and_removes_stale_temps(tmp_path: Path) -> None:
     with make(tmp_path) as b:
         b.batch_set(["a", "b", "c"], [b"1" * 10, b"2" * 20, b"3" * 30])
-        directory = Path(os.path.dirname(b._path("a")))
+        directory = Path(os.path.dirname(b.path_of("a")))
     stale = directory / ".a.tmp.1.deadbeef"
     fresh = directory / ".b.tmp.2.cafebabe"
     stale.write_bytes(b"partial")
@@ -501,7 +501,7 @@ def test_startup_scan_orders_by_mtime_and_enforces_capacity(tmp_path: Path) -> N
     with make(tmp_path) as b:
         for i in range(10):
             b.set(f"k{i}", b"x" * 100)
-        paths = [b._path(f"k{i}") for i in range(10)]
+        paths = [b.path_of(f"k{i}") for i in range(10)]
     now = time.time()
     for i, path in enumerate(paths):  # k9 oldest ... k0 newest
         os.utime(path, (now - 100 * (i + 1), now - 100 * (i + 1)))
