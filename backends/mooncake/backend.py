@@ -50,14 +50,10 @@ Semantics
 
 from __future__ import annotations
 
-import threading
-import time
 import urllib.request
-from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from typing_extensions import Buffer
 
 from hicache_storage.backend import HostPool, StorageBackend
@@ -67,7 +63,6 @@ from hicache_storage.capacity import Capacity
 from hicache_storage.config import Deployment
 from hicache_storage.errors import (
     BackendIOError,
-    BackendTimeoutError,
     BufferSizeError,
     IndexAlignmentError,
     InvalidKeyError,
@@ -75,32 +70,22 @@ from hicache_storage.errors import (
 from hicache_storage.kit import Deadline, closed_guard
 
 from .client import (
-    NO_SPACE,
     NOT_FOUND,
     RPC_FAIL,
-    SKIPPED,
-    UNCONFIRMED,
-    UNREACHABLE,
     Request,
     SharedClient,
     acquire,
     code_name,
 )
 from .config import MooncakeConfig, MooncakeSettings, capabilities
+from .requests import RPC_FAIL_RESENDS, Requests, pick, unique_rounds
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["MooncakeBackend", "capabilities_for", "clear_pattern", "unique_rounds"]
 
-T = TypeVar("T")
-
-_STORED = (0, -705)
-"""``put`` answers meaning the key holds a complete value (new, or already there)."""
-_EXISTS = -705
 _NOT_READY = -703
-_INVALID_PARAMS = -600
-_TRANSFER_FAIL = -800
 _REGEX_SPECIAL = frozenset(".^$|?*+()[]{}\\")
 
 
@@ -121,33 +106,6 @@ def capabilities_for(settings: MooncakeSettings) -> Capabilities:
     """Return what an instance with ``settings`` can promise (:func:`.config.capabilities`)."""
     return capabilities(settings.global_segment_size)
 
-
-def unique_rounds(names: Sequence[str]) -> list[list[int]]:
-    """Split item indices into rounds in which no key repeats (in order).
-
-    Mooncake's batch calls answer a key named twice in one batch only once: the second
-    destination is reported filled but is not. A repeated key goes in a later round instead.
-    """
-    rounds: list[list[int]] = []
-    seen: list[set[str]] = []
-    for index, name in enumerate(names):
-        for members, keys in zip(rounds, seen, strict=True):
-            if name not in keys:
-                members.append(index)
-                keys.add(name)
-                break
-        else:
-            rounds.append([index])
-            seen.append({name})
-    return rounds
-
-
-RPC_FAIL_RESENDS = 16
-"""How often a request that failed whole with ``RPC_FAIL`` is sent again (while the deadline has
-room): the client library pools master connections per process, and after a master restart each
-pooled connection fails once, at once ("End of file"). A process that opened many instances holds
-many (seen: four in a row after the conformance suite's close races), so a few resends were not
-enough; each costs microseconds."""
 
 MAX_CALL_BUFFERS = 512
 """Most page buffers one multi-buffer request carries. The library queues every buffer's
@@ -175,10 +133,6 @@ def buffer_groups(rounds: Sequence[Sequence[int]], counts: Sequence[int]) -> lis
         if group:
             groups.append(group)
     return groups
-
-
-def _pick(items: Sequence[T], indices: Sequence[int]) -> list[T]:
-    return [items[i] for i in indices]
 
 
 @closed_guard
@@ -213,31 +167,17 @@ class MooncakeBackend(StorageBackend):
         self.settings = config.resolve()
         self.capabilities = capabilities_for(self.settings)
         self._prefix = self.settings.prefix
-        self._lock = threading.Lock()
-        self._errors: Counter[str] = Counter()
-        self._moved: Counter[str] = Counter()
         self._region: int | None = None
         self._client: SharedClient = acquire(self.settings)
         self._timeouts = self._client.timeouts
+        self._requests = Requests(self._client)
 
     # -- bookkeeping ----------------------------------------------------------------------------
-
-    def _count(self, reason: str, n: int = 1) -> None:
-        with self._lock:
-            self._errors[reason] += n
-
-    def _tally(self, what: str, n: int) -> None:
-        with self._lock:
-            self._moved[what] += n
 
     @property
     def close_timeout_s(self) -> float:
         """How long ``close()`` waits for calls in flight (and their transfers): ``deadline_s``."""
         return self._timeouts.deadline_s
-
-    def _begin(self) -> Deadline:
-        """Start the call's deadline."""
-        return Deadline(self._timeouts.deadline_s)
 
     def _keys(self, keys: Sequence[str]) -> list[str]:
         """Return the stored names of ``keys``: ``<prefix>/<key>``, or ``<key>`` with no prefix.
@@ -256,145 +196,6 @@ class MooncakeBackend(StorageBackend):
         prefix = self._prefix
         return [f"{prefix}/{key}" for key in keys] if prefix else list(keys)
 
-    def _meta(self, deadline: Deadline, what: str, ask: Callable[[], int]) -> int:
-        """Run one metadata request (no caller memory involved) within the call's deadline.
-
-        Raises
-        ------
-        BackendTimeoutError
-            If the deadline leaves no room for it.
-        BackendUnavailableError
-            If the master is known to be down or does not answer.
-        """
-        if not deadline.allows(self._timeouts.cost("meta")):
-            self._count(code_name(SKIPPED))
-            raise BackendTimeoutError(
-                f"mooncake {what}: deadline_s={self._timeouts.deadline_s:g}s left no room"
-            )
-        client = self._client
-        with client.call(what, self._count):
-            code = int(ask())
-        resent = 0
-        while (
-            code == RPC_FAIL
-            and resent < RPC_FAIL_RESENDS
-            and deadline.allows(self._timeouts.cost("meta"))
-        ):
-            resent += 1
-            with client.call(what, self._count):  # again: a connection the master reset
-                code = int(ask())
-        return client.check(code, what, self._count)
-
-    def _hits(
-        self,
-        codes: Sequence[int],
-        sizes: Sequence[int],
-        keys: Sequence[str],
-        deadline: Deadline,
-    ) -> list[bool]:
-        """Turn ``batch_get_into*`` answers into hits, counting each failure by its reason."""
-        hits = []
-        unclear = []
-        for code, size, key in zip(codes, sizes, keys, strict=True):
-            if code == size:
-                hits.append(True)
-                continue
-            hits.append(False)
-            if code == _TRANSFER_FAIL:
-                unclear.append((key, size))
-            elif code == _INVALID_PARAMS:
-                self._count("size_mismatch")
-            elif code >= 0:
-                self._count("short_read")
-            elif code != NOT_FOUND:
-                self._count(code_name(code))
-        for key, size in unclear:  # smaller than the destination, or a failed transfer?
-            self._count(
-                "size_mismatch" if self._size_differs(key, size, deadline) else "TRANSFER_FAIL"
-            )
-        return hits
-
-    def _size_differs(self, name: str, size: int, deadline: Deadline) -> bool:
-        """Return whether the object ``name`` exists with a size other than ``size``.
-
-        Asked only for counting; never when the deadline or the breaker says not to.
-        """
-        client = self._client
-        if client.down or not deadline.allows(self._timeouts.cost("meta")):
-            return False
-        try:
-            actual = int(client.store.get_size(name))
-        except Exception:  # noqa: BLE001 - a count, not an answer to the caller
-            return False
-        if actual in UNREACHABLE:
-            client.mark_down(actual)
-        return actual >= 0 and actual != size
-
-    def _stored(self, codes: Sequence[int]) -> list[bool]:
-        results = []
-        for code in codes:
-            results.append(code in _STORED)
-            if code not in _STORED:
-                self._count(code_name(code))
-                if code == NO_SPACE:
-                    self._client.note_no_space()
-        return results
-
-    def _run_groups(
-        self,
-        groups: Sequence[Sequence[int]],
-        size: int,
-        request: Request,
-        deadline: Deadline,
-        run: Callable[[Sequence[int]], Sequence[int]],
-    ) -> list[int]:
-        """Run ``run(group)`` (one library request per group) while the deadline has room.
-
-        Returns one code per item: the request's answer, ``SKIPPED`` for a group the deadline
-        left no room for, and, once a group found the master unreachable, that code for every
-        later group (they are not sent). A group whose transfers failed only after waiting out
-        the transfer timeout (a segment peer that stopped answering) ends the call too: its
-        later groups are ``SKIPPED`` rather than each waiting again.
-
-        A group whose every key failed with ``RPC_FAIL`` is sent again (up to
-        :data:`RPC_FAIL_RESENDS` times) while the deadline has room: the first request on each
-        pooled connection after a master restart fails on the connection the old master closed
-        (at once, "End of file"), and the library does not retry. Such a request moved no byte (the
-        replica query or the put's start failed); a put sent again that finds the object
-        already there is ``UNCONFIRMED`` (not stored), as it may be the first attempt's.
-        """
-        codes = [SKIPPED] * size
-        cost = self._timeouts.cost(request)
-        failed: int | None = None
-        stalled = False
-        for group in groups:
-            if failed is not None:
-                for index in group:
-                    codes[index] = failed
-                continue
-            if stalled or not deadline.allows(cost):
-                continue
-            started = time.monotonic()
-            got = run(group)
-            resent = 0
-            while (
-                got
-                and all(code == RPC_FAIL for code in got)
-                and resent < RPC_FAIL_RESENDS
-                and deadline.allows(cost)
-            ):
-                resent += 1
-                got = run(group)
-                if request == "put":
-                    got = [UNCONFIRMED if code == _EXISTS else code for code in got]
-            for index, code in zip(group, got, strict=True):
-                codes[index] = code
-            failed = next((code for code in got if code in UNREACHABLE), None)
-            stalled = _TRANSFER_FAIL in got and (
-                time.monotonic() - started >= self._timeouts.transfer_s
-            )
-        return codes
-
     # -- the contract ---------------------------------------------------------------------------
 
     def get(self, key: str, out: Buffer | None = None) -> Buffer | None:
@@ -409,12 +210,12 @@ class MooncakeBackend(StorageBackend):
         BackendTimeoutError
             If the deadline passed before the value could be read.
         """
-        deadline = self._begin()
+        deadline = self._requests.begin()
         name = self._keys([key])[0]
-        size = self._meta(deadline, "get_size", lambda: self._client.store.get_size(name))
+        size = self._requests.meta(deadline, "get_size", lambda: self._client.store.get_size(name))
         if size < 0:
             if size not in (NOT_FOUND, _NOT_READY):
-                self._count(code_name(size))
+                self._requests.count(code_name(size))
             return None
         value = bytearray(size) if out is None else None
         view = memoryview(value) if value is not None else as_writable(out)
@@ -423,17 +224,17 @@ class MooncakeBackend(StorageBackend):
                 f"output buffer has {view.nbytes} bytes but the object stored under {key!r} "
                 f"has {size}"
             )
-        if not self._staged_get([name], [view], deadline)[0]:
+        if not self._requests.staged_get([name], [view], deadline)[0]:
             return None
         return value if value is not None else out
 
     def exists(self, key: str) -> bool:
         """Return whether ``key`` holds a complete value."""
-        deadline = self._begin()
+        deadline = self._requests.begin()
         name = self._keys([key])[0]
-        code = self._meta(deadline, "is_exist", lambda: self._client.store.is_exist(name))
+        code = self._requests.meta(deadline, "is_exist", lambda: self._client.store.is_exist(name))
         if code < 0:
-            self._count(code_name(code))
+            self._requests.count(code_name(code))
         return code == 1
 
     def set(self, key: str, value: Buffer) -> bool:
@@ -442,20 +243,20 @@ class MooncakeBackend(StorageBackend):
         Returns False when the store refuses the value (empty, no space): the reason is
         counted in ``stats()``.
         """
-        deadline = self._begin()
-        return self._staged_put(self._keys([key]), [as_readable(value)], deadline)[0]
+        deadline = self._requests.begin()
+        return self._requests.staged_put(self._keys([key]), [as_readable(value)], deadline)[0]
 
     def batch_get(self, keys: Sequence[str], outs: Sequence[Buffer]) -> list[bool]:
         """Read each key into its output buffer; an object of another size is a miss."""
-        deadline = self._begin()
+        deadline = self._requests.begin()
         views = [as_writable(out) for out in outs]
-        return self._staged_get(self._keys(keys), views, deadline)
+        return self._requests.staged_get(self._keys(keys), views, deadline)
 
     def batch_set(self, keys: Sequence[str], values: Sequence[Buffer]) -> list[bool]:
         """Store each value under its key; return per key whether it now holds a value."""
-        deadline = self._begin()
+        deadline = self._requests.begin()
         views = [as_readable(value) for value in values]
-        return self._staged_put(self._keys(keys), views, deadline)
+        return self._requests.staged_put(self._keys(keys), views, deadline)
 
     def batch_exists(self, keys: Sequence[str]) -> int:
         """Return the length of the leading run of keys that exist (one ``batch_is_exist``)."""
@@ -464,21 +265,21 @@ class MooncakeBackend(StorageBackend):
             return 0
         client = self._client
         names = self._keys(keys)
-        deadline = self._begin()
+        deadline = self._requests.begin()
         codes: list[int] = []
         for _ in range(1 + RPC_FAIL_RESENDS):  # again after a connection the master reset
-            with client.call("batch_is_exist", self._count):
+            with client.call("batch_is_exist", self._requests.count):
                 codes = [int(code) for code in client.store.batch_is_exist(names)]
             if not codes or any(code != RPC_FAIL for code in codes):
                 break
             if not deadline.allows(self._timeouts.cost("meta")):
                 break
-        client.check_batch(codes, "batch_is_exist", self._count)
+        client.check_batch(codes, "batch_is_exist", self._requests.count)
         count = 0
         for code in codes:
             if code != 1:
                 if code < 0:
-                    self._count(code_name(code))
+                    self._requests.count(code_name(code))
                 break
             count += 1
         return count
@@ -520,7 +321,7 @@ class MooncakeBackend(StorageBackend):
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
         """Read each key's object straight into its page's buffers in the registered pool."""
-        deadline = self._begin()
+        deadline = self._requests.begin()
         if self._region is None:
             return super().batch_get_v1(keys, host_indices)
         wide = self._wide_pages(keys, host_indices)
@@ -530,15 +331,15 @@ class MooncakeBackend(StorageBackend):
         names, codes, sizes = self._move_pages(
             "batch_get_into_multi_buffers", "get", keys, host_indices, deadline
         )
-        hits = self._hits(codes, [sum(page) for page in sizes], names, deadline)
-        self._tally("pages_read", sum(hits))
+        hits = self._requests.hits(codes, [sum(page) for page in sizes], names, deadline)
+        self._requests.tally("pages_read", sum(hits))
         return hits
 
     def batch_set_v1(
         self, keys: Sequence[str], host_indices: torch.Tensor | Sequence[int]
     ) -> list[bool]:
         """Store each key's page straight from its buffers in the registered pool."""
-        deadline = self._begin()
+        deadline = self._requests.begin()
         if self._region is None:
             return super().batch_set_v1(keys, host_indices)
         wide = self._wide_pages(keys, host_indices)
@@ -548,8 +349,8 @@ class MooncakeBackend(StorageBackend):
         _, codes, _ = self._move_pages(
             "batch_put_from_multi_buffers", "put", keys, host_indices, deadline
         )
-        stored = self._stored(codes)
-        self._tally("pages_written", sum(stored))
+        stored = self._requests.stored(codes)
+        self._requests.tally("pages_written", sum(stored))
         return stored
 
     def _wide_pages(
@@ -584,7 +385,7 @@ class MooncakeBackend(StorageBackend):
             chosen = [i for i, is_wide in enumerate(wide) if is_wide == flag]
             if chosen:
                 picked = [t for i in chosen for t in indices[i * page : (i + 1) * page]]
-                for i, result in zip(chosen, call(_pick(keys, chosen), picked), strict=True):
+                for i, result in zip(chosen, call(pick(keys, chosen), picked), strict=True):
                     results[i] = result
         return results
 
@@ -607,149 +408,14 @@ class MooncakeBackend(StorageBackend):
         call = getattr(client.store, op)
 
         def run(members: Sequence[int]) -> list[int]:
-            with client.call(op, self._count):
-                got = call(_pick(names, members), _pick(ptrs, members), _pick(sizes, members))
+            with client.call(op, self._requests.count):
+                got = call(pick(names, members), pick(ptrs, members), pick(sizes, members))
                 return [int(code) for code in got]
 
         groups = buffer_groups(unique_rounds(names), [len(page) for page in sizes])
-        codes = self._run_groups(groups, len(names), request, deadline, run)
-        client.check_batch(codes, op, self._count)
+        codes = self._requests.run_groups(groups, len(names), request, deadline, run)
+        client.check_batch(codes, op, self._requests.count)
         return names, codes, sizes
-
-    # -- the staging path -----------------------------------------------------------------------
-
-    def _chunks(self, sizes: Sequence[int]) -> list[list[int]]:
-        """Group item indices so each group fits the staging buffer (oversized ones alone)."""
-        capacity = self._client.staging.nbytes
-        groups: list[list[int]] = []
-        current: list[int] = []
-        used = 0
-        for index, size in enumerate(sizes):
-            if size > capacity:
-                groups.append([index])
-                continue
-            if used + size > capacity:
-                groups.append(current)
-                current, used = [], 0
-            current.append(index)
-            used += size
-        if current:
-            groups.append(current)
-        return groups
-
-    def _staged(
-        self,
-        names: Sequence[str],
-        views: Sequence[memoryview],
-        request: Request,
-        deadline: Deadline,
-        move: Callable[[list[str], list[int], list[int], np.ndarray[Any, Any], int], list[int]],
-    ) -> list[int]:
-        """Run ``move`` over chunks that fit the staging buffer; return per-item codes.
-
-        The staging buffer is shared by the client's calls: waiting for it counts against the
-        deadline, and items it leaves no room for are ``SKIPPED``.
-        """
-        client = self._client
-        sizes = [view.nbytes for view in views]
-        groups = [
-            [members[i] for i in group]
-            for members in unique_rounds(names)
-            for group in self._chunks(_pick(sizes, members))
-        ]
-
-        def run(group: Sequence[int]) -> list[int]:
-            group_sizes = [sizes[i] for i in group]
-            group_names = [names[i] for i in group]
-            if sum(group_sizes) > client.staging.nbytes:
-                with client.temporary(group_sizes[0]) as (buffer, ptr):
-                    return move(group_names, list(group), group_sizes, buffer, ptr)
-            return move(group_names, list(group), group_sizes, client.staging, client.staging_ptr)
-
-        wait = deadline.left() - self._timeouts.cost(request)
-        if not groups or not client.staging_lock.acquire(timeout=max(wait, 0.0)):
-            return [SKIPPED] * len(names)
-        try:
-            return self._run_groups(groups, len(names), request, deadline, run)
-        finally:
-            client.staging_lock.release()
-
-    def _staged_put(
-        self, names: list[str], views: list[memoryview], deadline: Deadline
-    ) -> list[bool]:
-        client = self._client
-        present = [i for i, view in enumerate(views) if view.nbytes]
-        if len(present) < len(views):
-            self._count("empty_value", len(views) - len(present))
-
-        def put(
-            group_names: list[str],
-            group: list[int],
-            group_sizes: list[int],
-            buffer: np.ndarray[Any, Any],
-            ptr: int,
-        ) -> list[int]:
-            offsets = []
-            offset = 0
-            for index, size in zip(group, group_sizes, strict=True):
-                buffer[offset : offset + size] = np.frombuffer(chosen[index], dtype=np.uint8)
-                offsets.append(ptr + offset)
-                offset += size
-            with client.call("batch_put_from", self._count):
-                got = client.store.batch_put_from(group_names, offsets, group_sizes)
-                return [int(code) for code in got]
-
-        chosen = [views[i] for i in present]
-        codes = self._staged([names[i] for i in present], chosen, "put", deadline, put)
-        client.check_batch(codes, "batch_put_from", self._count)
-        stored = [False] * len(views)
-        for index, ok in zip(present, self._stored(codes), strict=True):
-            stored[index] = ok
-        self._tally("bytes_staged", sum(view.nbytes for view in chosen))
-        return stored
-
-    def _staged_get(
-        self, names: list[str], views: list[memoryview], deadline: Deadline
-    ) -> list[bool]:
-        client = self._client
-        present = [i for i, view in enumerate(views) if view.nbytes]
-        chosen = [views[i] for i in present]
-
-        def get(
-            group_names: list[str],
-            group: list[int],
-            group_sizes: list[int],
-            buffer: np.ndarray[Any, Any],
-            ptr: int,
-        ) -> list[int]:
-            offsets = []
-            offset = 0
-            for size in group_sizes:
-                offsets.append(offset)
-                offset += size
-            with client.call("batch_get_into_multi_buffers", self._count):
-                got = [
-                    int(code)
-                    for code in client.store.batch_get_into_multi_buffers(
-                        group_names, [[ptr + o] for o in offsets], [[s] for s in group_sizes]
-                    )
-                ]
-            for index, start, size, code in zip(group, offsets, group_sizes, got, strict=True):
-                if code == size:
-                    dst = np.frombuffer(chosen[index], dtype=np.uint8)
-                    dst[:] = buffer[start : start + size]
-            return got
-
-        codes = self._staged([names[i] for i in present], chosen, "get", deadline, get)
-        client.check_batch(codes, "batch_get_into_multi_buffers", self._count)
-        hits = [False] * len(views)
-        answers = self._hits(
-            codes, [view.nbytes for view in chosen], _pick(names, present), deadline
-        )
-        for index, hit in zip(present, answers, strict=True):
-            hits[index] = hit
-        self._tally("bytes_staged", sum(v.nbytes for v, h in zip(views, hits, strict=True) if h))
-        return hits
 
     # -- housekeeping ---------------------------------------------------------------------------
 
@@ -761,14 +427,16 @@ class MooncakeBackend(StorageBackend):
         BackendIOError
             If the store refused for another reason.
         """
-        deadline = self._begin()
+        deadline = self._requests.begin()
         name = self._keys([key])[0]
-        code = self._meta(deadline, "remove", lambda: self._client.store.remove(name, True))
+        code = self._requests.meta(
+            deadline, "remove", lambda: self._client.store.remove(name, True)
+        )
         if code == 0:
             return True
         if code in (NOT_FOUND, _NOT_READY):  # absent, or its put is still in flight: no value
             return False
-        self._count(code_name(code))
+        self._requests.count(code_name(code))
         raise BackendIOError(f"mooncake remove of {key!r} failed with {code} ({code_name(code)})")
 
     def clear(self) -> None:
@@ -777,21 +445,19 @@ class MooncakeBackend(StorageBackend):
         The namespace is the names ``<prefix>/<key>`` (with no '/' in ``<key>``), or, with no
         prefix, the names without '/'.
         """
-        deadline = self._begin()
+        deadline = self._requests.begin()
         pattern = clear_pattern(self._prefix)
-        code = self._meta(
+        code = self._requests.meta(
             deadline, "remove_by_regex", lambda: self._client.store.remove_by_regex(pattern, True)
         )
         if code < 0:
-            self._count(code_name(code))
+            self._requests.count(code_name(code))
             raise BackendIOError(f"mooncake remove_by_regex failed with {code} ({code_name(code)})")
 
     def stats(self) -> dict[str, Any]:
         """Return the base stats, the connection, moved pages/bytes and errors by reason."""
         stats = super().stats()
-        with self._lock:
-            errors = dict(self._errors)
-            moved = dict(self._moved)
+        errors, moved = self._requests.counts()
         stats.update(
             master=self.settings.master,
             protocol=self.settings.protocol,
