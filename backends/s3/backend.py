@@ -145,6 +145,10 @@ _BUSY_CODES = frozenset(
 )
 _CONFLICT_RETRIES = 3
 _CREDENTIAL_ERRORS = (NoCredentialsError, PartialCredentialsError, CredentialRetrievalError)
+_ATTEMPT_TIMEOUTS = (ConnectTimeoutError, ReadTimeoutError)
+"""An attempt's timeouts, each at most ``deadline_s``: one that fires once the call's deadline
+passed is that deadline, and is reported as it (the worker thread may see it before the waiting
+caller wakes)."""
 
 _LOADER_LOCK = threading.Lock()
 _LOADER: Any = None
@@ -341,7 +345,11 @@ class _S3Errors(ErrorMap):
                 return Verdict(BackendUnavailableError, text, code)
             return Verdict(BackendIOError, f"{where}: {code}: {message}", code)
         code = type(exc).__name__
-        if isinstance(exc, (ConnectTimeoutError, ReadTimeoutError)):
+        if isinstance(exc, _ATTEMPT_TIMEOUTS):
+            call = current_deadline()
+            if call is not None and call.left() <= 0:
+                text = f"{where}: no answer within deadline_s={self.config.deadline_s:g} s"
+                return Verdict(BackendTimeoutError, text, "DeadlineExceeded")
             text = (
                 f"{where}: no answer within the timeouts (connect "
                 f"{self.config.connect_timeout_s:g} s, read {self.config.read_timeout_s:g} s, "

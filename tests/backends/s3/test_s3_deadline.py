@@ -10,6 +10,7 @@ made, retries stop at the deadline, and ``close()`` does not wait for abandoned 
 
 from __future__ import annotations
 
+import concurrent.futures
 import http.server
 import threading
 import time
@@ -386,13 +387,44 @@ def test_close_does_not_wait_for_abandoned_requests(trickling_store: FakeStore) 
 def test_bare_backend_raises_timeout_naming_the_deadline(
     paused_options: dict[str, Any], gateway: LocalService
 ) -> None:
+    _write_k(paused_options)
     backend: StorageBackend = S3Backend(S3Config(**paused_options))
     try:
-        assert backend.set("k", b"v")
         gateway.pause()
         start = time.monotonic()
         with pytest.raises(BackendTimeoutError, match=f"deadline_s={DEADLINE_S:g}"):
             backend.get("k")
         assert time.monotonic() - start <= BOUND_S
     finally:
+        backend.close()
+
+
+def _write_k(options: dict[str, Any]) -> None:
+    """Store ``k`` under a long deadline: set-up, not the call under test (a gateway an earlier
+    test paused and resumed may take longer than ``DEADLINE_S`` to answer its first request)."""
+    with create_backend("s3", {**options, "deadline_s": 30.0}) as writer:
+        assert writer.set("k", b"v")
+
+
+def test_an_attempt_timeout_seen_before_the_deadline_wakes_the_caller_names_the_deadline(
+    paused_options: dict[str, Any], gateway: LocalService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An attempt's read timeout is capped at the deadline; when the worker thread's timeout is
+    seen first (the caller woken late, a loaded host), the error is still the deadline's."""
+    _write_k(paused_options)
+    wait = concurrent.futures.wait
+
+    def woken_late(fs: Any, timeout: float | None = None, return_when: str = "") -> Any:
+        return wait(fs, timeout=None, return_when=return_when)  # only once a job ended
+
+    backend: StorageBackend = S3Backend(S3Config(**paused_options))
+    try:
+        gateway.pause()
+        monkeypatch.setattr(concurrent.futures, "wait", woken_late)
+        start = time.monotonic()
+        with pytest.raises(BackendTimeoutError, match=f"deadline_s={DEADLINE_S:g}"):
+            backend.get("k")
+        assert time.monotonic() - start <= BOUND_S
+    finally:
+        monkeypatch.undo()
         backend.close()
