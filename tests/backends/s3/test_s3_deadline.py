@@ -388,7 +388,19 @@ def test_bare_backend_raises_timeout_naming_the_deadline(
     paused_options: dict[str, Any], gateway: LocalService
 ) -> None:
     _write_k(paused_options)
-    backend: StorageBackend = S3Backend(S3Config(**paused_options))
+    _paused_get_ends_at_the_deadline(paused_options, gateway)
+
+
+def _write_k(options: dict[str, Any]) -> None:
+    """Store ``k`` under a long deadline: set-up, not the call under test (a gateway an earlier
+    test paused and resumed may take longer than ``DEADLINE_S`` to answer its first request)."""
+    with create_backend("s3", {**options, "deadline_s": 30.0}) as writer:
+        assert writer.set("k", b"v")
+
+
+def _paused_get_ends_at_the_deadline(options: dict[str, Any], gateway: LocalService) -> None:
+    """A bare backend's ``get`` of ``k`` with the gateway paused: a timeout naming the deadline."""
+    backend: StorageBackend = S3Backend(S3Config(**options))
     try:
         gateway.pause()
         start = time.monotonic()
@@ -397,13 +409,6 @@ def test_bare_backend_raises_timeout_naming_the_deadline(
         assert time.monotonic() - start <= BOUND_S
     finally:
         backend.close()
-
-
-def _write_k(options: dict[str, Any]) -> None:
-    """Store ``k`` under a long deadline: set-up, not the call under test (a gateway an earlier
-    test paused and resumed may take longer than ``DEADLINE_S`` to answer its first request)."""
-    with create_backend("s3", {**options, "deadline_s": 30.0}) as writer:
-        assert writer.set("k", b"v")
 
 
 def test_an_attempt_timeout_seen_before_the_deadline_wakes_the_caller_names_the_deadline(
@@ -417,14 +422,8 @@ def test_an_attempt_timeout_seen_before_the_deadline_wakes_the_caller_names_the_
     def woken_late(fs: Any, timeout: float | None = None, return_when: str = "") -> Any:
         return wait(fs, timeout=None, return_when=return_when)  # only once a job ended
 
-    backend: StorageBackend = S3Backend(S3Config(**paused_options))
+    monkeypatch.setattr(concurrent.futures, "wait", woken_late)
     try:
-        gateway.pause()
-        monkeypatch.setattr(concurrent.futures, "wait", woken_late)
-        start = time.monotonic()
-        with pytest.raises(BackendTimeoutError, match=f"deadline_s={DEADLINE_S:g}"):
-            backend.get("k")
-        assert time.monotonic() - start <= BOUND_S
+        _paused_get_ends_at_the_deadline(paused_options, gateway)
     finally:
         monkeypatch.undo()
-        backend.close()
