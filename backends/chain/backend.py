@@ -216,20 +216,23 @@ class ChainBackend(StorageBackend):
         """Return the leading run of ``keys`` held by the tiers together.
 
         Each tier extends the run where the earlier ones stopped; passes repeat while one adds
-        to it, since a page after a later tier's run may be held by an earlier tier again.
+        to it, since a page after a later tier's run may be held by an earlier tier again. A
+        tier is not asked again where its last answer ended: it said it lacks that key.
         """
         held = 0
+        ended = [-1] * len(self._tiers)
         grown = True
         while grown and held < len(keys):
             grown = False
-            for tier in self._tiers:
+            for index, tier in enumerate(self._tiers):
                 if held == len(keys):
                     break
+                if ended[index] == held:
+                    continue
                 more = tier.backend.batch_exists(keys[held:])
                 held += more
+                ended[index] = held
                 grown = grown or more > 0
-            if len(self._tiers) == 1:
-                break
         return held
 
     def batch_get(self, keys: Sequence[str], outs: Sequence[Buffer]) -> list[bool]:

@@ -159,6 +159,16 @@ def test_batch_exists_counts_the_run_held_by_the_tiers_together(near: Path, far:
         assert chain.exists("k6") and not chain.exists("k5")
 
 
+def test_batch_exists_asks_no_tier_again_where_its_run_ended(near: Path, far: Path) -> None:
+    with _file_backend(far) as remote:
+        assert remote.batch_set(["k0", "k1"], [_value(i) for i in range(2)]) == [True] * 2
+    with _chain(_file(near), _file(far)) as chain:
+        assert chain.batch_exists([f"k{i}" for i in range(4)]) == 2
+        # near from k0 (nothing), far from k0 (two), near from k2 (nothing): far said it
+        # lacks k2, so no fourth call
+        assert (_calls(chain, 0), _calls(chain, 1)) == (2, 1)
+
+
 def _pool() -> MHAHostPool:
     return MHAHostPool(8 * PAGE, PAGE, 2, 2, 8, torch.float16, "page_first", False)
 
