@@ -442,22 +442,86 @@ class ChainBackend(StorageBackend):
         keys: Sequence[str],
         sizes: list[int],
     ) -> list[bool]:
-        """Write ``keys``' positions by the write policy; per position, whether stored."""
+        """Write ``keys``' positions by the write policy, in their turns; whether stored."""
+        return TURNS.write(
+            keys, lambda picked: self._write_turn(family, picked, write, keys, sizes)
+        )
+
+    def _write_turn(
+        self,
+        family: Family,
+        picked: list[int],
+        write: Callable[[StorageBackend, list[int]], list[bool]],
+        keys: Sequence[str],
+        sizes: list[int],
+    ) -> list[bool]:
+        """Write ``picked`` (their turn taken) so that every tier keeps one value per key.
+
+        Each tier keeps the first value written under a key, so the tiers agree only while
+        each value a tier takes is the key's first. A key the first tier holds already is not
+        written again: the later tiers that lack it (failing at its first write, or evicting
+        since) get the first tier's value (:meth:`_fill_later`). A key chosen for the first
+        tier that a later tier holds is not placed there (its first write withheld it; a
+        promotion copies the value the later tier keeps). The rest go where the write policy
+        sends them.
+        """
+        if len(self._tiers) == 1:
+            return self._store(family, write, keys, sizes, picked, picked)
+        first = self._tiers[0].backend
+        again = [i for i in picked if first.exists(keys[i])]
+        if again:
+            self._fill_later([keys[i] for i in again], [sizes[i] for i in again])
+        held = set(again)
+        fresh = [i for i in picked if i not in held]
+        near = self._near(family, fresh, keys)
+        later = [t.backend for t in self._tiers[1:]]
+        placed = [i for i in near if not any(tier.exists(keys[i]) for tier in later)]
+        held.update(set(near) - set(placed))
+        rest = [i for i in fresh if i not in held]
+        stored = dict.fromkeys(held, True)
+        if rest:
+            written = self._store(family, write, keys, sizes, rest, placed)
+            stored.update(zip(rest, written, strict=True))
+        return [stored[i] for i in picked]
+
+    def _fill_later(self, keys: list[str], sizes: list[int]) -> None:
+        """Copy ``keys``, which the first tier holds, into the later tiers that lack them.
+
+        Behind the write (``"behind"``: its queue reads them back from the first tier), or now
+        (``"through"``): a later tier is asked which it lacks and given the first tier's values.
+        """
+        if self._behind is not None:
+            self._behind.offer(keys, sizes)
+            return
+        source = self._tiers[0].backend
+        for tier in self._tiers[1:]:
+            lacking = [j for j, key in enumerate(keys) if not tier.backend.exists(key)]
+            if not lacking:
+                continue
+            buffers = [bytearray(sizes[j]) for j in lacking]
+            found = source.batch_get([keys[j] for j in lacking], buffers)
+            read = [j for j, ok in enumerate(found) if ok]
+            if read:
+                tier.backend.batch_set([keys[lacking[j]] for j in read], [buffers[j] for j in read])
+
+    def _store(
+        self,
+        family: Family,
+        write: Callable[[StorageBackend, list[int]], list[bool]],
+        keys: Sequence[str],
+        sizes: list[int],
+        rest: list[int],
+        near: list[int],
+    ) -> list[bool]:
+        """Store ``rest`` by the write policy, ``near`` of them in the first tier too."""
         if self._behind is None:
-            return TURNS.write(
-                keys, lambda picked: self._write_through(family, picked, write, keys)
-            )
-        count = len(keys)
-        everything = list(range(count))
-        near = self._near(family, everything, keys)
-        first = [False] * count
-        for position, ok in zip(near, self._write_first(family, write, near), strict=True):
-            first[position] = ok
-        kept = [i for i in everything if first[i]]
+            return self._write_through(family, rest, write, near)
+        first = dict(zip(near, self._write_first(family, write, near), strict=True))
+        kept = [i for i in rest if first.get(i, False)]
         if kept:
             self._behind.offer([keys[i] for i in kept], [sizes[i] for i in kept])
-        lost = [i for i in everything if not first[i]]
-        stored = list(first)
+        stored = {i: first.get(i, False) for i in rest}
+        lost = [i for i in rest if not stored[i]]
         if lost:
             runs = [
                 Beside(write, t.backend, lost, name="hicache-chain-tier") for t in self._tiers[1:]
@@ -465,20 +529,19 @@ class ChainBackend(StorageBackend):
             for run in runs:
                 for position, ok in zip(lost, run.result(), strict=True):
                     stored[position] = stored[position] or ok
-        return stored
+        return [stored[i] for i in rest]
 
     def _write_through(
         self,
         family: Family,
         picked: list[int],
         write: Callable[[StorageBackend, list[int]], list[bool]],
-        keys: Sequence[str],
+        near: list[int],
     ) -> list[bool]:
-        """Store ``picked`` in every tier at once (the first while it pays); whether any has it."""
+        """Store ``picked`` in every later tier and ``near`` in the first at once; any has it."""
         later = [
             Beside(write, t.backend, picked, name="hicache-chain-tier") for t in self._tiers[1:]
         ]
-        near = self._near(family, picked, keys)
         first = dict(zip(near, self._write_first(family, write, near), strict=True))
         results = [[first.get(position, False) for position in picked]]
         results += [run.result() for run in later]

@@ -159,6 +159,44 @@ def test_batch_exists_counts_the_run_held_by_the_tiers_together(near: Path, far:
         assert chain.exists("k6") and not chain.exists("k5")
 
 
+@pytest.mark.parametrize("policy", ["through", "behind"])
+def test_a_later_write_never_places_what_the_later_tier_does_not_keep(
+    near: Path, far: Path, policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first write withheld from the first tier, a second of another value chosen for it:
+    the first tier takes nothing the later tier does not keep, so every read agrees."""
+    with _chain(_file(near), _file(far), write_policy=policy) as chain:
+        script = iter([False, True])  # the writes of "k"; nothing else is placed
+
+        def choose(keys: list[str]) -> list[bool]:
+            return [key == "k" and next(script, False) for key in keys]
+
+        pays = chain.unwrap()._measures["objects"].pays  # type: ignore[attr-defined]
+        monkeypatch.setattr(pays, "choose", choose)
+        assert chain.set("k", _value(1)) and chain.set("k", _value(2))
+        assert chain.unwrap().flush(30.0)  # type: ignore[attr-defined]
+        assert chain.get("k") == _value(1)
+    with _file_backend(near) as local, _file_backend(far) as remote:
+        assert not local.exists("k") and remote.get("k") == _value(1)
+
+
+@pytest.mark.parametrize("policy", ["through", "behind"])
+def test_a_later_tier_that_missed_a_key_gets_the_first_tiers_value(
+    near: Path, far: Path, policy: str
+) -> None:
+    """A later tier that missed a key's first write (failing then, or evicted since) is given
+    the first tier's value when the key is written again, never the new one: the tiers never
+    hold two values, and writes reach a remote store that comes back."""
+    with _file_backend(near) as local:
+        assert local.set("k", _value(1))
+    with _chain(_file(near), _file(far), write_policy=policy) as chain:
+        assert chain.set("k", _value(2))
+        assert chain.unwrap().flush(30.0)  # type: ignore[attr-defined]
+        assert chain.get("k") == _value(1)
+    with _file_backend(far) as remote:
+        assert remote.get("k") == _value(1)
+
+
 def test_batch_exists_asks_no_tier_again_where_its_run_ended(near: Path, far: Path) -> None:
     with _file_backend(far) as remote:
         assert remote.batch_set(["k0", "k1"], [_value(i) for i in range(2)]) == [True] * 2
