@@ -109,6 +109,10 @@ class _Measures:
 
     pays: FirstTierPays = dataclasses.field(default_factory=FirstTierPays)
     order: ReadOrder = dataclasses.field(default_factory=ReadOrder)
+    held: int = 0
+    """Keys a write found held by a tier already: their first value kept, not written again."""
+    filled: int = 0
+    """Of those, copies of the first tier's value given to later tiers that lacked the key."""
 
 
 @dataclasses.dataclass
@@ -469,8 +473,7 @@ class ChainBackend(StorageBackend):
             return self._store(family, write, keys, sizes, picked, picked)
         first = self._tiers[0].backend
         again = [i for i in picked if first.exists(keys[i])]
-        if again:
-            self._fill_later([keys[i] for i in again], [sizes[i] for i in again])
+        filled = self._fill_later([keys[i] for i in again], [sizes[i] for i in again])
         held = set(again)
         fresh = [i for i in picked if i not in held]
         near = self._near(family, fresh, keys)
@@ -478,22 +481,29 @@ class ChainBackend(StorageBackend):
         placed = [i for i in near if not any(tier.exists(keys[i]) for tier in later)]
         held.update(set(near) - set(placed))
         rest = [i for i in fresh if i not in held]
+        with self._lock:
+            self._measures[family].held += len(held)
+            self._measures[family].filled += filled
         stored = dict.fromkeys(held, True)
         if rest:
             written = self._store(family, write, keys, sizes, rest, placed)
             stored.update(zip(rest, written, strict=True))
         return [stored[i] for i in picked]
 
-    def _fill_later(self, keys: list[str], sizes: list[int]) -> None:
+    def _fill_later(self, keys: list[str], sizes: list[int]) -> int:
         """Copy ``keys``, which the first tier holds, into the later tiers that lack them.
 
         Behind the write (``"behind"``: its queue reads them back from the first tier), or now
         (``"through"``): a later tier is asked which it lacks and given the first tier's values.
+        Returns the copies stored now.
         """
+        if not keys:
+            return 0
         if self._behind is not None:
             self._behind.offer(keys, sizes)
-            return
+            return 0
         source = self._tiers[0].backend
+        copied = 0
         for tier in self._tiers[1:]:
             lacking = [j for j, key in enumerate(keys) if not tier.backend.exists(key)]
             if not lacking:
@@ -502,7 +512,11 @@ class ChainBackend(StorageBackend):
             found = source.batch_get([keys[j] for j in lacking], buffers)
             read = [j for j, ok in enumerate(found) if ok]
             if read:
-                tier.backend.batch_set([keys[lacking[j]] for j in read], [buffers[j] for j in read])
+                done = tier.backend.batch_set(
+                    [keys[lacking[j]] for j in read], [buffers[j] for j in read]
+                )
+                copied += sum(done)
+        return copied
 
     def _store(
         self,
@@ -628,6 +642,10 @@ class ChainBackend(StorageBackend):
         }
         out["first_tier"] = {f: m.pays.stats() for f, m in self._measures.items()}
         out["read_order"] = {f: m.order.stats() for f, m in self._measures.items()}
+        with self._lock:
+            out["writes"] = {
+                f: {"held": m.held, "filled": m.filled} for f, m in self._measures.items()
+            }
         out["promotions"] = self._promoter.stats()
         if self._behind is not None:
             out["write_behind"] = self._behind.stats()

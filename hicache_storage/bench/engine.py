@@ -562,8 +562,8 @@ class RunResult:
     """The backend's calls (``ops``: per operation, calls, hits and misses, latency), and what
     went wrong where anything did (``degraded``: failures the layers turned into misses;
     ``integrity_failures``); for a chain, each tier's pages and calls (``tiers``) and its
-    ``first_tier``, ``read_order``, ``promotions`` and ``write_behind`` sections; empty without
-    storage."""
+    ``first_tier``, ``read_order``, ``writes``, ``promotions`` and ``write_behind`` sections;
+    empty without storage."""
     planner: dict[str, Any] = field(default_factory=dict)
     """The cache's planner (:meth:`Planner.stats <hicache_storage.planner.Planner.stats>`): pages
     per decision by the rule that made it (``fetch_pages``, under ``adaptive``; ``write_pages``,
@@ -1178,7 +1178,7 @@ def _storage_stats(stats: dict[str, Any]) -> dict[str, Any]:
             }
             for tier in stats["tiers"]
         ]
-        for section in ("first_tier", "read_order", "promotions", "write_behind"):
+        for section in ("first_tier", "read_order", "writes", "promotions", "write_behind"):
             if section in stats:
                 out[section] = stats[section]
     return out

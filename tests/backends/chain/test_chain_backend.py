@@ -193,6 +193,8 @@ def test_a_later_tier_that_missed_a_key_gets_the_first_tiers_value(
         assert chain.set("k", _value(2))
         assert chain.unwrap().flush(30.0)  # type: ignore[attr-defined]
         assert chain.get("k") == _value(1)
+        writes = chain.stats()["writes"]["objects"]
+        assert writes == {"held": 1, "filled": 1 if policy == "through" else 0}
     with _file_backend(far) as remote:
         assert remote.get("k") == _value(1)
 
