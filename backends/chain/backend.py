@@ -535,14 +535,9 @@ class ChainBackend(StorageBackend):
         if kept:
             self._behind.offer([keys[i] for i in kept], [sizes[i] for i in kept])
         stored = {i: first.get(i, False) for i in rest}
-        lost = [i for i in rest if not stored[i]]
+        lost = [i for i in rest if not stored[i]]  # the later tiers take them now
         if lost:
-            runs = [
-                Beside(write, t.backend, lost, name="hicache-chain-tier") for t in self._tiers[1:]
-            ]
-            for run in runs:
-                for position, ok in zip(lost, run.result(), strict=True):
-                    stored[position] = stored[position] or ok
+            stored.update(zip(lost, self._write_through(family, lost, write, []), strict=True))
         return [stored[i] for i in rest]
 
     def _write_through(
