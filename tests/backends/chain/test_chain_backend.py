@@ -199,6 +199,30 @@ def test_a_later_tier_that_missed_a_key_gets_the_first_tiers_value(
         assert remote.get("k") == _value(1)
 
 
+@pytest.mark.parametrize("policy", ["through", "behind"])
+def test_a_later_tier_that_missed_a_page_gets_the_first_tiers_page(
+    near: Path, far: Path, policy: str
+) -> None:
+    """The same through the zero-copy calls: the page a later tier is given is the one the
+    first tier holds, read out of it, never the host pool's newer bytes under that key."""
+    first, second = _pool(), _pool()
+    _fill(first, 3)
+    _fill(second, 4)
+    with _file_backend(near) as local:
+        local.register_host_pool(first)
+        assert local.batch_set_v1(["p"], torch.arange(PAGE)) == [True]
+    with _chain(_file(near), _file(far), write_policy=policy) as chain:
+        chain.register_host_pool(second)
+        assert chain.batch_set_v1(["p"], torch.arange(PAGE)) == [True]
+        assert chain.unwrap().flush(30.0)  # type: ignore[attr-defined]
+        assert chain.stats()["writes"]["pages"]["held"] == 1
+    read = _pool()
+    with _file_backend(far) as remote:
+        remote.register_host_pool(read)
+        assert remote.batch_get_v1(["p"], torch.arange(PAGE)) == [True]
+    assert _pages(read, 1) == _pages(first, 1) != _pages(second, 1)
+
+
 def test_batch_exists_asks_no_tier_again_where_its_run_ended(near: Path, far: Path) -> None:
     with _file_backend(far) as remote:
         assert remote.batch_set(["k0", "k1"], [_value(i) for i in range(2)]) == [True] * 2
