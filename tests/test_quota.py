@@ -30,18 +30,24 @@ def _backend(root: Path, quota: int = QUOTA, **options: object) -> StorageBacken
     return create_backend("file", {"root": str(root), **options}, layers=layers)
 
 
-def _disk_values(root: Path) -> int:
-    """Bytes of the values stored under ``root`` (objects less their integrity records)."""
-    total = 0
+def _disk_files(root: Path) -> dict[str, int]:
+    """Bytes of each value stored under ``root`` (its object less its integrity record)."""
+    sizes: dict[str, int] = {}
     for directory, _, files in os.walk(root):
         for name in files:
             if name.startswith("."):
                 continue
+            path = os.path.join(directory, name)
             try:
-                total += os.path.getsize(os.path.join(directory, name)) - 32
+                sizes[path] = os.path.getsize(path) - 32
             except FileNotFoundError:
                 continue
-    return total
+    return sizes
+
+
+def _disk_values(root: Path) -> int:
+    """Bytes of the values stored under ``root``."""
+    return sum(_disk_files(root).values())
 
 
 def _write_many(root: str, writer: int, count: int) -> None:
@@ -58,9 +64,16 @@ def test_writers_in_several_processes_never_pass_the_quota_together(tmp_path: Pa
     done = threading.Event()
 
     def watch() -> None:
+        # One walk is no snapshot: it can count a file deleted early in the walk and one
+        # written after it, in a directory walked later. Each key is written once and never
+        # again once evicted, so a file seen by two walks in a row was on disk from the first
+        # to the second: the files two walks share were all there at once, between them.
         nonlocal peak
+        seen = _disk_files(root)
         while not done.is_set():
-            peak = max(peak, _disk_values(root))
+            now = _disk_files(root)
+            peak = max(peak, sum(size for path, size in now.items() if path in seen))
+            seen = now
 
     watcher = threading.Thread(target=watch)
     watcher.start()
