@@ -15,7 +15,9 @@ A request goes through it in three calls:
    host part (layer by layer, taken with :meth:`TierCache.take_load` into the next forward), and
    allocate device pages for the rest; None when the device pool has no room (nothing changed);
 3. :meth:`TierCache.release` when it finishes: insert what it computed, apply the write policy,
-   unlock.
+   unlock. Under write-through, :meth:`TierCache.prefilled` inserts and backs up the prompt's
+   pages as soon as the forward that ends it is done, so that their copy runs under the
+   request's decode steps.
 
 Room is made by evicting least recently used unlocked leaves: device pages go to the host (copied
 first unless there), host pages go to storage (written first unless stored; an eviction waits for
@@ -531,6 +533,49 @@ class TierCache:
         self._check_open()
         return self.layer_backups.plan(finishing)
 
+    def prefilled(self, lease: Lease, prompt_tokens: int) -> None:
+        """Insert a request's prompt pages once its prefill has ended; back them up now.
+
+        Under ``write_through`` a request's pages were backed up at its release, after its
+        decode steps, and its slots were evicted for the next request at once: that request's
+        first forward waited on the GPU for the whole copy (each prefill paid for the backup of
+        the one released before it). Inserted when the forward that ends the prompt has been
+        queued, the pages are copied behind it and the copy runs under the request's decode
+        steps, as SGLang's write-through backs a prompt up when its prefill inserts it.
+
+        The pages stay locked by the request until its release, which inserts the rest (the
+        generated tokens). Nothing happens unless the cache keeps prefixes and writes through
+        to a host pool, once per lease, or where another request inserted part of the prompt
+        while this one computed it (its slots stay this request's, freed at release).
+        """
+        self._check_open()
+        config = self.config
+        if (
+            lease.released
+            or lease.inserted
+            or self.host_pool is None
+            or not config.prefix_cache
+            or config.write.policy is not WritePolicy.WRITE_THROUGH
+        ):
+            return
+        tree = self.tree
+        page = config.page_size
+        keep = min(prompt_tokens // page * page, int(lease.slots.numel()), len(lease.tokens))
+        if keep <= lease.cached:
+            return
+        tokens = lease.tokens[:keep]
+        if tree.match_prefix(tokens, seed=lease.seed, touch=False).device_len > lease.cached:
+            return
+        held = lease.slots[:keep].to("cpu", torch.int64)
+        result = tree.insert(tokens, held, seed=lease.seed)
+        tree.lock(result.node, host=False)
+        tree.unlock(lease.node, host=False)
+        lease.node = result.node
+        lease.inserted = keep
+        self._mark_in_storage(lease, tokens)
+        self._split_at_ridden(lease, tokens)
+        self._write_through(result.node, lease)
+
     def release(self, lease: Lease, tokens: Sequence[int], slots: torch.Tensor) -> None:
         """Insert the request's computed KV, apply the write policy and drop the lock.
 
@@ -551,15 +596,16 @@ class TierCache:
         page = self.config.page_size
         keep = len(tokens) // page * page if self.config.prefix_cache else 0
         keep = max(min(keep, slots.numel()), 0)
-        freed = held[lease.cached :]
+        owned = max(lease.cached, lease.inserted)  # slots the tree holds already
+        freed = held[owned:]
         last = lease.node
         try:
             if keep >= lease.cached:
                 result = self.tree.insert(
                     tuple(map(int, tokens[:keep])), held[:keep], seed=lease.seed
                 )
-                taken_from = max(lease.cached, result.existing_len)
-                freed = torch.cat([held[lease.cached : taken_from], held[keep:]])
+                taken_from = max(owned, result.existing_len)
+                freed = torch.cat([held[owned:taken_from], held[max(keep, owned) :]])
                 last = result.node
         finally:  # a refused insert changed nothing: every slot past the prefix is freed
             if freed.numel():
@@ -569,13 +615,18 @@ class TierCache:
         if keep:
             self._mark_in_storage(lease, tokens[:keep])
         if self.config.write.policy is WritePolicy.WRITE_THROUGH and keep:
-            # Split the tree where the ridden copies end (the prompt's end, before the output's
-            # pages), so that whole nodes cover them.
-            for copy in lease.ridden:
-                for end in (copy.start, copy.stop):
-                    if 0 < end < keep:
-                        self.tree.match_prefix(tokens[:end], seed=lease.seed, touch=False)
+            self._split_at_ridden(lease, tokens[:keep])
             self._write_through(last, lease)
+
+    def _split_at_ridden(self, lease: Lease, tokens: Sequence[int]) -> None:
+        """Split the tree where ``lease``'s ridden copies end within ``tokens``.
+
+        They end at the prompt's end, before the output's pages: whole nodes then cover them.
+        """
+        for copy in lease.ridden:
+            for end in (copy.start, copy.stop):
+                if 0 < end < len(tokens):
+                    self.tree.match_prefix(tokens[:end], seed=lease.seed, touch=False)
 
     def _mark_in_storage(self, lease: Lease, tokens: Sequence[int]) -> None:
         """Mark stored the nodes a request computed over pages its query found in storage.

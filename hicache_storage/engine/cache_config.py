@@ -208,12 +208,11 @@ class TransferConfig:
         measure the overlap against.
     layer_backups
         Under ``write_through``, copy the pages a forward computes to the host layer by layer
-        during that forward, each layer once written, rather than all at the request's
-        release (:mod:`~hicache_storage.engine.layer_backups`). Off by default: without a
-        storage tier no forward then waits for a backup, but with one the host is full of
-        pages waiting for their writes, few copies find room a forward ahead, and the rest,
-        copied at release, queue on the backup stream behind copies that wait for the forward
-        (``docs/performance.md``, *Never slower: the matrix*).
+        during that forward, each layer once written, rather than all once the forward is
+        done (:mod:`~hicache_storage.engine.layer_backups`). Off by default: with a storage
+        tier the host is full of pages waiting for their writes, few copies find room a
+        forward ahead, and the rest queue on the backup stream behind copies that wait for
+        the forward (``docs/performance.md``, *Never slower: the matrix*).
     """
 
     load_max_gbps: float | None = None

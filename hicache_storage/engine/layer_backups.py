@@ -1,20 +1,19 @@
 """Write-through backups that ride the forward: each layer's new KV copied to the host once written.
 
-Under ``write_through`` a request's pages were copied to the host when it was released, after
-the forward that finished its prompt, every layer in one copy. Where the device pool is full of
-admitted requests (a busy server's usual state) the next forward takes the slots of the request
-just released, so it waits on the GPU for that whole copy: each prefill forward paid for the
-backup of the one before it. Copied layer by layer instead, layer ``i``'s copy queued on the
-backup stream as soon as the forward has written layer ``i``, the copies run under the
-forward's later layers and only the last layer's is still in flight at release; the tree then
-takes the host slots as the request's nodes' host copies, with no copy of its own.
+Under ``write_through`` a request's prompt pages are copied to the host once the forward that
+finished its prompt is done (:meth:`TierCache.prefilled
+<hicache_storage.engine.cache.TierCache.prefilled>`), every layer in one copy. Copied layer by
+layer instead, layer ``i``'s copy queued on the backup stream as soon as the forward has written
+layer ``i``, the copies run under the forward's later layers and only the last layer's is still
+in flight when it ends; the tree then takes the host slots as the request's nodes' host copies,
+with no copy of its own.
 
-Only what a release-time backup would copy is copied: the pages a request computed (not those
+Only what a whole-prompt backup would copy is copied: the pages a request computed (not those
 its lease found cached, nor those its storage query found, which a backup may skip), for the
 requests whose prompt ends in the forward, into host room that needs no wait (free slots, or
-host leaves storage already holds). Whatever finds no such room is backed up at release, as
-before. A forward that fails takes its requests' copies with it: their host slots are given
-back and nothing is attached.
+host leaves storage already holds). Whatever finds no such room is backed up whole when the
+prompt is inserted. A forward that fails takes its requests' copies with it: their host slots
+are given back and nothing is attached.
 """
 
 from __future__ import annotations
@@ -70,7 +69,7 @@ class ForwardBackups:
 
 
 class LayerBackups:
-    """Plans the ridden copies of a forward and hands their slots to the release that takes them.
+    """Plans the ridden copies of a forward and hands their slots to the insert that takes them.
 
     Parameters
     ----------
@@ -117,7 +116,7 @@ class LayerBackups:
             end = min(prompt_tokens // page * page, int(lease.slots.numel()))
             for start, stop in _computed(lease.cached, end, lease.in_storage):
                 host = self.writes.alloc_host(stop - start, stored_only=True)
-                if host is None:  # the rest is backed up at release
+                if host is None:  # the rest is backed up whole after the forward
                     break
                 device = lease.slots[start:stop].to("cpu", torch.int64)
                 lease.ridden.append(RiddenCopy(start, stop, device, host))

@@ -91,7 +91,12 @@ class Lease:
         of them (a fetch cut or not worth it) is not written again.
     ridden
         Host copies of its computed pages that the forward ending its prompt made layer by
-        layer (:mod:`~hicache_storage.engine.layer_backups`), until its release takes them.
+        layer (:mod:`~hicache_storage.engine.layer_backups`), until the insert of its pages takes
+        them.
+    inserted
+        Leading prompt tokens the tree took from its slots when its prefill ended
+        (:meth:`TierCache.prefilled <hicache_storage.engine.cache.TierCache.prefilled>`): those
+        slots are the tree's, not freed at release. 0 until then.
     """
 
     tokens: tuple[int, ...]
@@ -105,3 +110,4 @@ class Lease:
     released: bool = False
     in_storage: tuple[int, int] = (0, 0)
     ridden: list[RiddenCopy] = field(default_factory=list)
+    inserted: int = 0

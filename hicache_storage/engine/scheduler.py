@@ -491,6 +491,13 @@ class Scheduler:
                     continue
                 request.first_token_at = now
                 request.state = RequestState.DECODE
+                lease = request.lease
+                assert lease is not None
+                try:  # its pages are backed up under its decode steps, not after them
+                    self.cache.prefilled(lease, len(request.prompt))
+                except Exception as exc:  # noqa: BLE001 - this request fails, the others go on
+                    self.fail(request, exc)
+                    continue
             request.output.append(token)
             if len(request.output) >= request.max_new_tokens:
                 finished.append(request)
@@ -539,7 +546,8 @@ class Scheduler:
         """End ``request`` as ``FAILED`` with ``exc`` as the cause, giving back what it holds.
 
         Its prefetch is stopped (host slots and pin returned), its lease released (lock and
-        device slots; nothing it computed enters the tree) and it leaves the queue.
+        device slots; nothing it computed enters the tree but a prompt whose prefill ended) and
+        it leaves the queue.
         """
         if request.state in (RequestState.FINISHED, RequestState.FAILED):
             return
