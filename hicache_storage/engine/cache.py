@@ -572,8 +572,8 @@ class TierCache:
         tree.unlock(lease.node, host=False)
         lease.node = result.node
         lease.inserted = keep
-        self._mark_in_storage(lease, tokens)
-        self._split_at_ridden(lease, tokens)
+        self.writes.mark_in_storage(lease, tokens)
+        self.layer_backups.split_at_copies(lease, tokens)
         self._write_through(result.node, lease)
 
     def release(self, lease: Lease, tokens: Sequence[int], slots: torch.Tensor) -> None:
@@ -613,43 +613,10 @@ class TierCache:
             self.tree.unlock(lease.node, host=False)
         self.stats.computed_tokens += max(len(tokens) - lease.cached, 0)
         if keep:
-            self._mark_in_storage(lease, tokens[:keep])
+            self.writes.mark_in_storage(lease, tokens[:keep])
         if self.config.write.policy is WritePolicy.WRITE_THROUGH and keep:
-            self._split_at_ridden(lease, tokens[:keep])
+            self.layer_backups.split_at_copies(lease, tokens[:keep])
             self._write_through(last, lease)
-
-    def _split_at_ridden(self, lease: Lease, tokens: Sequence[int]) -> None:
-        """Split the tree where ``lease``'s ridden copies end within ``tokens``.
-
-        They end at the prompt's end, before the output's pages: whole nodes then cover them.
-        """
-        for copy in lease.ridden:
-            for end in (copy.start, copy.stop):
-                if 0 < end < len(tokens):
-                    self.tree.match_prefix(tokens[:end], seed=lease.seed, touch=False)
-
-    def _mark_in_storage(self, lease: Lease, tokens: Sequence[int]) -> None:
-        """Mark stored the nodes a request computed over pages its query found in storage.
-
-        Writing them again would cost a host copy, host room (waited for while earlier writes
-        drain) and a storage write, for pages storage has: measured on the H200, requests that
-        recomputed pages whose fetch was cut fed a round of such waits and further cuts.
-        """
-        begin, end = lease.in_storage
-        end = min(end, len(tokens))
-        if self.io is None or end <= begin:
-            return
-        # Split the tree at both ends, so that whole nodes cover the stretch.
-        self.tree.match_prefix(tokens[:begin], seed=lease.seed, touch=False)
-        match = self.tree.match_prefix(tokens[:end], seed=lease.seed, touch=False)
-        pos = 0
-        for node in self.tree.path(match.last_node):
-            if node.is_root:
-                continue
-            if pos >= begin and not node.stored:
-                self.tree.mark_stored(node)
-                self.stats.pages_known_stored += node.num_tokens // self.config.page_size
-            pos += node.num_tokens
 
     def _write_through(self, node: Node, lease: Lease | None = None) -> None:
         """Back ``node``'s path up to the host and queue its unstored pages for storage.

@@ -133,6 +133,17 @@ class LayerBackups:
         """Return what a backup of ``lease``'s path asks for ridden slots (None if it has none)."""
         return RiddenTaker(lease.ridden) if lease.ridden else None
 
+    def split_at_copies(self, lease: Lease, tokens: Sequence[int]) -> None:
+        """Split the tree where ``lease``'s ridden copies end within ``tokens``.
+
+        They end at the prompt's end, before the output's pages: whole nodes then cover them,
+        and an insert's backup takes each node's host slots from one copy.
+        """
+        for copy in lease.ridden:
+            for end in (copy.start, copy.stop):
+                if 0 < end < len(tokens):
+                    self.tiers.tree.match_prefix(tokens[:end], seed=lease.seed, touch=False)
+
     def give_back(self, lease: Lease) -> None:
         """Free the host slots of ``lease``'s ridden copies that no node took."""
         pool = self.tiers.host_pool

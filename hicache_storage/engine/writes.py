@@ -11,13 +11,14 @@ staging slots the tree does not hold (:meth:`~StorageWrites.stage`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
 from .copies import CopiesInFlight, StoredCopies
 from .fetch_decisions import FetchDecisions
 from .health import Bypass
+from .leases import Lease
 from .nodes import Node, Tier
 from .storage_jobs import Backup, BackupDone
 from .tiers import Tiers
@@ -127,6 +128,29 @@ class StorageWrites:
         return pool.alloc(count)
 
     # -- queueing writes --------------------------------------------------------------------------
+
+    def mark_in_storage(self, lease: Lease, tokens: Sequence[int]) -> None:
+        """Mark stored the nodes a request computed over pages its query found in storage.
+
+        Writing them again would cost a host copy, host room (waited for while earlier writes
+        drain) and a storage write, for pages storage has: measured on the H200, requests that
+        recomputed pages whose fetch was cut fed a round of such waits and further cuts.
+        """
+        begin, end = lease.in_storage
+        end = min(end, len(tokens))
+        if self.tiers.io is None or end <= begin:
+            return
+        # Split the tree at both ends, so that whole nodes cover the stretch.
+        self.tiers.tree.match_prefix(tokens[:begin], seed=lease.seed, touch=False)
+        match = self.tiers.tree.match_prefix(tokens[:end], seed=lease.seed, touch=False)
+        pos = 0
+        for node in self.tiers.tree.path(match.last_node):
+            if node.is_root:
+                continue
+            if pos >= begin and not node.stored:
+                self.tiers.tree.mark_stored(node)
+                self.tiers.stats.pages_known_stored += node.num_tokens // self.tiers.page_size
+            pos += node.num_tokens
 
     def shed_write(self) -> bool:
         """Whether the store is bypassed, counting the write not made (``writes_shed``, why)."""
