@@ -1,8 +1,8 @@
-"""The real servers the engine tests run against, started once for the package.
+"""The tiny model each test module shares, and the real servers the engine tests run against.
 
-Each is provisioned as the backend's own tests do (``tests/backends/*/conftest.py``) and published
-to the conformance server-control hook; a server that cannot be started fails the tests that use
-it. The 3FS metadata service's lease and timeout are those of the 3FS tests.
+Each server is provisioned as the backend's own tests do (``tests/backends/*/conftest.py``) and
+published to the conformance server-control hook; a server that cannot be started fails the tests
+that use it. The 3FS metadata service's lease and timeout are those of the 3FS tests.
 """
 
 from __future__ import annotations
@@ -13,13 +13,26 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import torch
 
+from hicache_storage.engine.model import LlamaModel
 from hicache_storage.kit.services import LocalService, publish
+
+from ._child import CONFIG
 
 MiB = 1 << 20
 THREEFS_GEOMETRY: dict[str, Any] = {"file_size": 32 * MiB, "file_count": 2, "slot_bytes": 64 << 10}
 THREEFS_LEASE_S = 2.0
 THREEFS_TIMEOUT_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[LlamaModel]:
+    """The tiny model, on one thread: the tests' engines run storage threads beside it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield LlamaModel(CONFIG)
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="package")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -36,14 +36,6 @@ CLOSE_S = 1.0
 
 SLACK_S = 10.0
 """What close may take past it on a loaded two-core machine (applying outcomes, joins)."""
-
-
-@pytest.fixture(scope="module")
-def model() -> Iterator[LlamaModel]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield LlamaModel(CONFIG)
-    torch.set_num_threads(threads)
 
 
 class Stuck(ForwardingBackend):

@@ -30,14 +30,6 @@ PAGE = 4
 CONFIG = ModelConfig.tiny()
 
 
-@pytest.fixture(scope="module")
-def model() -> Iterator[LlamaModel]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield LlamaModel(CONFIG)
-    torch.set_num_threads(threads)
-
-
 def build(
     device_tokens: int,
     host_tokens: int,

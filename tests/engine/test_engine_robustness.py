@@ -38,14 +38,6 @@ NEW = 4
 VOCAB = CONFIG.vocab_size
 
 
-@pytest.fixture(scope="module")
-def model() -> Iterator[LlamaModel]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield LlamaModel(CONFIG)
-    torch.set_num_threads(threads)
-
-
 def assert_consistent(cache: TierCache) -> None:
     """Tree invariants hold, nothing is locked or pinned, and every slot is free or indexed.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -28,21 +28,13 @@ from hicache_storage.engine.scheduler import Request
 from hicache_storage.layers import ForwardingBackend
 from hicache_storage.planner.rates import READ_TTL_S, CostModel
 
-from ._child import CONFIG, PAGE, build_cache, conversations
+from ._child import PAGE, build_cache, conversations
 
 DELAY_S = 0.1
 """What every call of the failing store takes before it fails (its deadline)."""
 
 CLIENTS = 4
 ROUNDS = 4
-
-
-@pytest.fixture(scope="module")
-def model() -> Iterator[LlamaModel]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield LlamaModel(CONFIG)
-    torch.set_num_threads(threads)
 
 
 class Timed(ForwardingBackend):

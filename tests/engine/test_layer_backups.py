@@ -6,11 +6,10 @@ slots, of a layer not yet written or of a failed forward would change the tokens
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
-import torch
 
 from hicache_storage import create_backend
 from hicache_storage.engine.cache import TierCache
@@ -26,14 +25,6 @@ from .test_scheduler import NEW, assert_clean, distinct_prompts, drive, oracle
 
 RIDE = TransferConfig(layer_backups=True)
 """Backups that ride the forward (off by default)."""
-
-
-@pytest.fixture(scope="module")
-def model() -> Iterator[LlamaModel]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield LlamaModel(CONFIG)
-    torch.set_num_threads(threads)
 
 
 def host_held(cache: TierCache) -> int:

@@ -5,7 +5,6 @@ And the unified key scheme stores multi-object pages from the engine end to end.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +27,6 @@ from hicache_storage.keys import ObjectFormat, RankSuffixScheme, UnifiedPlan
 from ._child import CONFIG, PAGE, conversations
 
 NEW = 4
-
-
-@pytest.fixture(scope="module")
-def model() -> Iterator[LlamaModel]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield LlamaModel(CONFIG)
-    torch.set_num_threads(threads)
 
 
 def cache(

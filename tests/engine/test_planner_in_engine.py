@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
 import torch
 from rich.console import Console
 
@@ -40,19 +39,11 @@ from hicache_storage.layers import ForwardingBackend
 from hicache_storage.planner import Planner, WritePlan
 from hicache_storage.planner.rates import READ_SAMPLES
 
-from ._child import CONFIG, PAGE, build_cache, conversations, host_pool, stored_prompt
+from ._child import PAGE, build_cache, conversations, host_pool, stored_prompt
 
 PAGE_WRITE_S = 0.25
 """Seconds the slow store takes to write a page: the tiny model makes a page in milliseconds,
 so the store falls behind by two orders of magnitude, however loaded the machine."""
-
-
-@pytest.fixture(scope="module")
-def model() -> Iterator[LlamaModel]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield LlamaModel(CONFIG)
-    torch.set_num_threads(threads)
 
 
 class SlowWrites(ForwardingBackend):

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-import torch
 
 from hicache_storage.engine.cache import TierCache
 from hicache_storage.engine.cache_config import WriteConfig
@@ -19,14 +16,6 @@ from ._child import CONFIG, PAGE, build_cache
 NEW = 6
 PROMPT = [5 + (i * 7) % (CONFIG.vocab_size - 5) for i in range(5 * PAGE + 1)]
 """Five whole pages and one token."""
-
-
-@pytest.fixture(scope="module")
-def model() -> Iterator[LlamaModel]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield LlamaModel(CONFIG)
-    torch.set_num_threads(threads)
 
 
 def step_until_decoding(scheduler: Scheduler, *requests: Request) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -28,14 +28,6 @@ from hicache_storage.layers import ForwardingBackend
 from ._child import CONFIG, build_cache, conversations, host_pool
 
 NEW = 4
-
-
-@pytest.fixture(scope="module")
-def model() -> Iterator[LlamaModel]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield LlamaModel(CONFIG)
-    torch.set_num_threads(threads)
 
 
 def oracle(model: LlamaModel, prompts: Sequence[Sequence[int]], new: int = NEW) -> list[list[int]]:
